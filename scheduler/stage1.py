@@ -1,0 +1,510 @@
+"""Stage 1, local: propose up to k whole-gang candidate placements for one pending job.
+
+Contract
+--------
+:func:`propose` is a pure function of (job, snapshot, config[, index, free]): it reads nothing else,
+mutates nothing, and keeps no state between calls, so the jobs of one cycle may be evaluated in any
+order or in parallel (threads or processes).  :class:`Stage1Index` holds what every job of one
+snapshot needs (per data set: which live node holds which shard; nodes ordered by free devices); build
+it once per snapshot with :func:`build_index` and pass it to every call.  With the index the work per
+job is about O(replicas of its shards + k * ranks), not O(nodes).
+
+A candidate (see :class:`scheduler.placement_types.Candidate`) places every rank of the gang at once,
+each rank on ``devices_per_rank`` free devices of one node (ranks may spread across nodes), and
+assigns every shard of the job's data set to exactly one rank:
+
+- each rank gets ``floor(n/R)`` or ``ceil(n/R)`` of the ``n`` shards (within one shard of even);
+- under that constraint local reads are maximized (greedy, most constrained shard first, then
+  augmenting paths that move local shards between nodes holding them);
+- every other shard goes to the rank whose node is closest to one of its replicas, and is staged from
+  the cheapest replica by the cost model (ties by node name);
+- ``transfer_cost_ms`` is the SUM of the per-shard costs (each rounded up on its own), i.e. it assumes
+  the shards are staged one after another over one link, which is what
+  :func:`scheduler.costmodel.reads_cost_ms` recomputes.
+
+Placements tried ("variants"): data holders first (ranks where the data is), fewest nodes (largest
+free first; holders win ties), spread (one rank per node), the job's ``prefer_nodes`` first, and the
+data-holders placement again avoiding the first one's nodes (a disjoint fallback for the arbiter).
+Duplicates are dropped; the rest are sorted by (transfer_cost_ms, number of nodes, node names) and the
+first ``cfg.candidates_per_job`` returned.
+
+:func:`infeasible_reason` says whether a job can never run on this cluster (whatever is busy).
+:func:`missing_data_reason` says whether its data cannot be read now (a shard with no live copy).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.costmodel import bandwidth_bps, cost_ms_at
+from scheduler.placement_types import Candidate, ShardRead
+from scheduler.policy_config import PolicyConfig
+from scheduler.snapshot import JobView, ShardView, Snapshot
+
+
+@dataclass(frozen=True)
+class DatasetIndex:
+    """One data set's shards and where their live copies are (built once per snapshot)."""
+
+    name: str
+    shards: tuple[ShardView, ...]
+    sources: tuple[tuple[str, ...], ...]  # per shard position: live nodes with a copy, by name
+    holders: tuple[str, ...]  # live nodes holding any shard, by (-local bytes, name)
+    local_bytes: Mapping[str, int]
+    local_shards: Mapping[str, int]  # node -> number of shards it holds
+    missing: tuple[int, ...]  # shard indices without a live copy
+
+
+@dataclass(frozen=True)
+class Stage1Index:
+    """Per-snapshot lookups shared read-only by every :func:`propose` call of one cycle."""
+
+    racks: Mapping[str, str]
+    devices: Mapping[str, int]
+    free: Mapping[str, int]
+    free_desc: tuple[str, ...]  # nodes with free devices, by (-free, name)
+    free_desc_by_rack: Mapping[str, tuple[str, ...]]
+    all_desc: tuple[str, ...]  # every node, by (-devices, name): the fill order under a free override
+    all_desc_by_rack: Mapping[str, tuple[str, ...]]
+    datasets: Mapping[str, DatasetIndex]
+    device_hist: tuple[tuple[int, int], ...]  # (devices on a node, how many nodes)
+    total_devices: int
+    max_node_devices: int
+
+
+def _by_rack(names: Iterable[str], racks: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for n in names:
+        out.setdefault(racks[n], []).append(n)
+    return {r: tuple(ns) for r, ns in out.items()}
+
+
+def index_dataset(snap: Snapshot, name: str) -> DatasetIndex:
+    """Where the live copies of data set ``name`` are (an empty index for an unknown data set)."""
+    shards = tuple(snap.shards.get(name, ()))
+    nodes = snap.nodes
+    sources: list[tuple[str, ...]] = []
+    local_bytes: dict[str, int] = {}
+    local_shards: dict[str, int] = {}
+    missing: list[int] = []
+    for s in shards:
+        src = tuple(sorted({n for n in snap.replicas.get((name, s.index), ()) if n in nodes}))
+        sources.append(src)
+        if not src:
+            missing.append(s.index)
+        for n in src:
+            local_bytes[n] = local_bytes.get(n, 0) + s.bytes
+            local_shards[n] = local_shards.get(n, 0) + 1
+    holders = tuple(sorted(local_bytes, key=lambda n: (-local_bytes[n], n)))
+    return DatasetIndex(name, shards, tuple(sources), holders, local_bytes, local_shards, tuple(missing))
+
+
+def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1Index:
+    """Build the per-snapshot index (O(nodes log nodes + replicas)).
+
+    ``datasets`` limits the data sets indexed (default: those of the pending jobs); :func:`propose`
+    indexes any other data set on the fly.
+    """
+    nodes = snap.nodes
+    racks = {n: v.rack for n, v in nodes.items()}
+    devices = {n: v.devices for n, v in nodes.items()}
+    free = {n: max(0, min(v.free, v.devices)) for n, v in nodes.items()}
+    free_desc = tuple(sorted((n for n in nodes if free[n] > 0), key=lambda n: (-free[n], n)))
+    all_desc = tuple(sorted(nodes, key=lambda n: (-devices[n], n)))
+    if datasets is None:
+        datasets = {j.dataset for j in snap.pending if j.dataset is not None}
+    hist = Counter(devices.values())
+    return Stage1Index(
+        racks=racks,
+        devices=devices,
+        free=free,
+        free_desc=free_desc,
+        free_desc_by_rack=_by_rack(free_desc, racks),
+        all_desc=all_desc,
+        all_desc_by_rack=_by_rack(all_desc, racks),
+        datasets={d: index_dataset(snap, d) for d in sorted(datasets)},
+        device_hist=tuple(sorted(hist.items())),
+        total_devices=sum(devices.values()),
+        max_node_devices=max(devices.values(), default=0),
+    )
+
+
+def infeasible_reason(job: JobView, index: Stage1Index) -> str | None:
+    """Why the job can never run on this cluster even when every device is idle; None if it can."""
+    if job.ranks <= 0 or job.devices_per_rank <= 0:
+        return "a job needs at least one rank of at least one device"
+    if job.devices > index.total_devices:
+        return (
+            f"more devices than the cluster has: needs {job.devices}, the cluster has {index.total_devices}"
+        )
+    if job.devices_per_rank > index.max_node_devices:
+        return (
+            f"each rank needs {job.devices_per_rank} devices on one node; "
+            f"the largest node has {index.max_node_devices}"
+        )
+    fit = sum(count * (d // job.devices_per_rank) for d, count in index.device_hist)
+    if fit < job.ranks:
+        return (
+            f"{job.ranks} ranks of {job.devices_per_rank} devices do not fit on the cluster's nodes "
+            f"(at most {fit} such ranks)"
+        )
+    return None
+
+
+def _dataset(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex | None:
+    if job.dataset is None:
+        return None
+    ds = index.datasets.get(job.dataset)
+    return ds if ds is not None else index_dataset(snap, job.dataset)
+
+
+def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str | None:
+    """Why the job's data cannot be read now (a shard without any live copy); None if it can."""
+    ds = _dataset(job, snap, index)
+    if ds is None or not ds.missing:
+        return None
+    return (
+        f"data set {ds.name!r}: {len(ds.missing)} shard(s) have no copy on a live node "
+        f"(first: shard {ds.missing[0]})"
+    )
+
+
+# --- placement variants: each returns node -> ranks, or None when the gang does not fit -----------
+
+
+class _Fit:
+    """The free devices one propose call sees (snapshot's, or an override) and the fill order."""
+
+    def __init__(self, job: JobView, index: Stage1Index, free: Mapping[str, int] | None):
+        self.dpr = job.devices_per_rank
+        self.ranks = job.ranks
+        self.index = index
+        self.free = index.free if free is None else free
+        if free is None:
+            self.order, self.order_by_rack, self.sorted_by = (
+                index.free_desc,
+                index.free_desc_by_rack,
+                index.free,
+            )
+        else:
+            self.order, self.order_by_rack, self.sorted_by = (
+                index.all_desc,
+                index.all_desc_by_rack,
+                index.devices,
+            )
+
+    def cap(self, node: str) -> int:
+        return self.free.get(node, 0) // self.dpr
+
+    def fill_nodes(self, racks: Sequence[str] = ()) -> Iterable[str]:
+        """Nodes with room for one rank: those in ``racks`` first, then all, most free first."""
+        seen_racks = set()
+        for r in racks:
+            if r in seen_racks:
+                continue
+            seen_racks.add(r)
+            yield from self._scan(self.order_by_rack.get(r, ()))
+        for n in self._scan(self.order):
+            if self.index.racks.get(n) not in seen_racks:
+                yield n
+
+    def _scan(self, names: Sequence[str]) -> Iterable[str]:
+        for n in names:
+            if self.sorted_by.get(n, 0) < self.dpr:
+                return  # sorted descending: no later node has room either
+            if self.cap(n) > 0:
+                yield n
+
+
+def _fill(fit: _Fit, counts: dict[str, int], remaining: int, exclude: set[str], per_node: int | None) -> int:
+    """Add ranks on nodes not yet used (same racks as the used ones first); return ranks left."""
+    racks = [fit.index.racks[n] for n in counts]
+    for n in fit.fill_nodes(racks):
+        if remaining == 0:
+            break
+        if n in counts or n in exclude:
+            continue
+        take = min(fit.cap(n), remaining, per_node or remaining)
+        counts[n] = take
+        remaining -= take
+    return remaining
+
+
+def _topup(fit: _Fit, counts: dict[str, int], remaining: int) -> int:
+    """Use the spare room of nodes already chosen, in the order they were chosen."""
+    for n in counts:
+        if remaining == 0:
+            break
+        more = min(fit.cap(n) - counts[n], remaining)
+        if more > 0:
+            counts[n] += more
+            remaining -= more
+    return remaining
+
+
+def _holders_first(
+    fit: _Fit, ds: DatasetIndex | None, exclude: set[str], first: Sequence[str] = ()
+) -> dict[str, int] | None:
+    counts: dict[str, int] = {}
+    remaining = fit.ranks
+    for n in first:
+        if remaining and n not in exclude and n not in counts and fit.cap(n) > 0:
+            counts[n] = min(fit.cap(n), remaining)
+            remaining -= counts[n]
+    if ds is not None and ds.shards:
+        per_rank = -(-len(ds.shards) // fit.ranks)
+        for n in ds.holders:
+            if remaining == 0:
+                break
+            if n in exclude or n in counts:
+                continue
+            c = fit.cap(n)
+            if c > 0:
+                want = -(-ds.local_shards[n] // per_rank)
+                counts[n] = min(c, want, remaining)
+                remaining -= counts[n]
+    remaining = _topup(fit, counts, remaining)
+    remaining = _fill(fit, counts, remaining, exclude, None)
+    return counts if remaining == 0 else None
+
+
+def _fewest_nodes(fit: _Fit, ds: DatasetIndex | None) -> dict[str, int] | None:
+    pool: dict[str, int] = {}
+    for n in ds.holders if ds is not None else ():
+        if fit.cap(n) > 0:
+            pool[n] = fit.cap(n)
+    for i, n in enumerate(fit.fill_nodes()):
+        if i >= fit.ranks:
+            break
+        pool[n] = fit.cap(n)
+    local = ds.local_bytes if ds is not None else {}
+    counts: dict[str, int] = {}
+    remaining = fit.ranks
+    for n in sorted(pool, key=lambda n: (-pool[n], -local.get(n, 0), n)):
+        if remaining == 0:
+            break
+        counts[n] = min(pool[n], remaining)
+        remaining -= counts[n]
+    return counts if remaining == 0 else None
+
+
+def _spread(fit: _Fit, ds: DatasetIndex | None) -> dict[str, int] | None:
+    counts: dict[str, int] = {}
+    remaining = fit.ranks
+    for n in ds.holders if ds is not None else ():
+        if remaining == 0:
+            break
+        if fit.cap(n) > 0:
+            counts[n] = 1
+            remaining -= 1
+    remaining = _fill(fit, counts, remaining, set(), 1)
+    remaining = _topup(fit, counts, remaining)
+    return counts if remaining == 0 else None
+
+
+# --- evaluating a placement: shard assignment, sources, costs --------------------------------------
+
+
+def _assign_local(
+    counts: Mapping[str, int], ds: DatasetIndex, ranks: int
+) -> tuple[list[str | None], Callable[[str], bool], Callable[[str], None]]:
+    """Assign shards to nodes holding them: local reads maximized within each node's quota.
+
+    A node with ``r`` ranks takes between ``r*floor(n/R)`` and ``r*ceil(n/R)`` shards, and no more
+    than ``n mod R`` ranks in all take the ceiling.  Returns the node of each shard position (None
+    when not read locally) and the ``room``/``take`` functions that keep enforcing the quotas.
+    """
+    n = len(ds.shards)
+    base, pool = divmod(n, ranks)
+    lower = {h: r * base for h, r in counts.items()}
+    upper = {h: r * (base + 1) for h, r in counts.items()}
+    cnt = dict.fromkeys(counts, 0)
+    owner: list[str | None] = [None] * n
+    members: dict[str, set[int]] = {h: set() for h in counts}
+    state = {"pool": pool}
+
+    def room(h: str) -> bool:
+        return cnt[h] < lower[h] or (cnt[h] < upper[h] and state["pool"] > 0)
+
+    def take(h: str) -> None:
+        if cnt[h] >= lower[h]:
+            state["pool"] -= 1
+        cnt[h] += 1
+
+    opts = [tuple(h for h in src if h in counts) for src in ds.sources]
+    local_order = sorted(
+        (p for p in range(n) if opts[p]), key=lambda p: (len(opts[p]), -ds.shards[p].bytes, p)
+    )
+    leftover: list[int] = []
+    for p in local_order:
+        best = None
+        for h in opts[p]:
+            if room(h):
+                key = (cnt[h] - lower[h], h)
+                if best is None or key < best[0]:
+                    best = (key, h)
+        if best is None:
+            leftover.append(p)
+            continue
+        h = best[1]
+        owner[p] = h
+        members[h].add(p)
+        take(h)
+
+    # Augmenting paths: move a local shard to another node holding it to make room for this one.
+    for p in leftover:
+        prev: dict[str, tuple[int, str | None]] = {}
+        queue: deque[str] = deque()
+        for h in opts[p]:
+            prev[h] = (p, None)
+            queue.append(h)
+        while queue:
+            h = queue.popleft()
+            if room(h):
+                take(h)
+                node: str | None = h
+                while node is not None:
+                    shard, frm = prev[node]
+                    owner[shard] = node
+                    members[node].add(shard)
+                    if frm is not None:
+                        members[frm].discard(shard)
+                    node = frm
+                break
+            for t in sorted(members[h]):
+                for g in opts[t]:
+                    if g not in prev:
+                        prev[g] = (t, h)
+                        queue.append(g)
+
+    return owner, room, take
+
+
+def _evaluate(
+    job: JobView, counts: Mapping[str, int], ds: DatasetIndex | None, index: Stage1Index, cfg: PolicyConfig
+) -> Candidate:
+    nodes = sorted(counts)
+    rank_nodes = tuple(h for h in nodes for _ in range(counts[h]))
+    if ds is None or not ds.shards:
+        return Candidate(job.id, rank_nodes, job.devices_per_rank, (), 0, 0)
+    owner, room, take = _assign_local(counts, ds, job.ranks)
+    # Remote shards, largest first: to a node with room in a rack holding a copy, else any node.
+    racks = index.racks
+    rack_nodes: dict[str, list[str]] = {}
+    for h in nodes:
+        rack_nodes.setdefault(racks[h], []).append(h)
+    ptr: dict[str, int] = dict.fromkeys(rack_nodes, 0)
+    all_ptr = [0]
+
+    def first_with_room(lst: list[str], i: int) -> int:
+        while i < len(lst) and not room(lst[i]):
+            i += 1
+        return i
+
+    remote = sorted(
+        (p for p in range(len(ds.shards)) if owner[p] is None), key=lambda p: (-ds.shards[p].bytes, p)
+    )
+    for p in remote:
+        best: str | None = None
+        for r in sorted({racks[s] for s in ds.sources[p]}):
+            lst = rack_nodes.get(r)
+            if lst is None:
+                continue
+            ptr[r] = first_with_room(lst, ptr[r])
+            if ptr[r] < len(lst) and (best is None or lst[ptr[r]] < best):
+                best = lst[ptr[r]]
+        if best is None:
+            all_ptr[0] = first_with_room(nodes, all_ptr[0])
+            best = nodes[all_ptr[0]]
+        owner[p] = best
+        take(best)
+
+    by_node: dict[str, list[int]] = {h: [] for h in nodes}
+    for p, h in enumerate(owner):
+        by_node[h].append(p)  # type: ignore[index]
+    n = len(ds.shards)
+    base = n // job.ranks
+    reads: list[ShardRead] = []
+    total_bytes = 0
+    total_ms = 0
+    rank = 0
+    for h in nodes:
+        ps = by_node[h]
+        extra = len(ps) - counts[h] * base
+        i = 0
+        for r in range(counts[h]):
+            take_n = base + (1 if r < extra else 0)
+            for p in ps[i : i + take_n]:
+                s = ds.shards[p]
+                src, ms = _source(h, ds.sources[p], s.bytes, racks, cfg)
+                if src != h:
+                    total_bytes += s.bytes
+                    total_ms += ms
+                reads.append(ShardRead(s.index, rank + r, h, src, s.bytes))
+            i += take_n
+        rank += counts[h]
+    return Candidate(job.id, rank_nodes, job.devices_per_rank, tuple(reads), total_bytes, total_ms)
+
+
+def _source(
+    node: str, sources: Sequence[str], nbytes: int, racks: Mapping[str, str], cfg: PolicyConfig
+) -> tuple[str, int]:
+    """The cheapest replica of a shard for ``node`` and its cost (ties by node name)."""
+    if node in sources:
+        return node, 0
+    best = min(sources, key=lambda s: (cost_ms_at(nbytes, bandwidth_bps(s, node, racks, cfg)), s))
+    return best, cost_ms_at(nbytes, bandwidth_bps(best, node, racks, cfg))
+
+
+def candidate_key(c: Candidate) -> tuple[int, int, tuple[str, ...]]:
+    """Stage 1's order: cheapest first, then fewest nodes, then node names."""
+    return (c.transfer_cost_ms, len(c.nodes), c.nodes)
+
+
+def propose(
+    job: JobView,
+    snap: Snapshot,
+    cfg: PolicyConfig,
+    index: Stage1Index | None = None,
+    free: Mapping[str, int] | None = None,
+) -> list[Candidate]:
+    """Up to ``cfg.candidates_per_job`` whole-gang candidates for ``job``, best first.
+
+    ``index`` must be built from ``snap`` (built here when omitted: fine for tests, slow at scale).
+    ``free`` overrides the free devices per node (the arbiters use it to re-propose over what is left
+    in this cycle, or over all devices to ask "where could it run with zero cost?"); nodes missing from
+    it have none.  Returns [] when the job cannot be placed over those free devices, can never run
+    (:func:`infeasible_reason`), or its data cannot be read (:func:`missing_data_reason`).
+    Pure and idempotent.
+    """
+    if index is None:
+        index = build_index(snap, [job.dataset] if job.dataset else [])
+    if infeasible_reason(job, index) is not None:
+        return []
+    ds = _dataset(job, snap, index)
+    if ds is not None and ds.missing:
+        return []
+    fit = _Fit(job, index, free)
+    layouts: list[dict[str, int] | None] = [
+        _holders_first(fit, ds, set()),
+        _fewest_nodes(fit, ds),
+        _spread(fit, ds),
+    ]
+    if job.prefer_nodes:
+        layouts.append(_holders_first(fit, ds, set(), job.prefer_nodes))
+    if layouts[0] is not None:
+        layouts.append(_holders_first(fit, ds, set(layouts[0])))
+    seen: set[tuple[tuple[str, int], ...]] = set()
+    out: list[Candidate] = []
+    for counts in layouts:
+        if counts is None:
+            continue
+        key = tuple(sorted(counts.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(_evaluate(job, counts, ds, index, cfg))
+    out.sort(key=candidate_key)
+    return out[: max(0, cfg.candidates_per_job)]
