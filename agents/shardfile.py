@@ -1,0 +1,118 @@
+"""The on-disk shard format: a stream of labelled uint8 images, read one sample at a time.
+
+Layout of a shard file::
+
+    b"GSHARD1\\n"                       8-byte magic
+    repeated: <label:u32><h:u16><w:u16><c:u8> then h*w*c bytes (HWC, uint8)
+
+A data set lives under an agent's data dir as ``DIR/<dataset>/<index:05d>.shard``.  The data set's
+manifest (per shard: bytes, sha256, samples) is kept by the server; an agent trusts nothing but the
+sha256 it computes itself.  Imports only the standard library (numpy lazily) so the agent and the CLI
+stay light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"GSHARD1\n"
+_HEADER = struct.Struct("<IHHB")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+SHARD_SUFFIX = ".shard"
+
+
+class ShardFormatError(ValueError):
+    pass
+
+
+def valid_name(name: str) -> bool:
+    """Data set names: lowercase letters, digits, '_', '.', '-'; no '..', at most 63 characters."""
+    return bool(NAME_RE.match(name)) and ".." not in name
+
+
+def shard_relpath(dataset: str, index: int) -> str:
+    if not valid_name(dataset):
+        raise ValueError(f"invalid data set name {dataset!r}")
+    if not 0 <= int(index) < 100000:
+        raise ValueError(f"invalid shard index {index!r}")
+    return f"{dataset}/{int(index):05d}{SHARD_SUFFIX}"
+
+
+def shard_path(data_dir: str | os.PathLike[str], dataset: str, index: int) -> Path:
+    """The shard's path under ``data_dir``; raises ValueError for names that could escape it."""
+    root = Path(data_dir).resolve()
+    path = (root / shard_relpath(dataset, index)).resolve()
+    if root not in path.parents:
+        raise ValueError(f"shard path {path} is outside the data dir {root}")
+    return path
+
+
+def write_shard(path: str | os.PathLike[str], samples: Iterable[tuple[Any, int]]) -> dict[str, int | str]:
+    """Write samples (HxWxC or HxW uint8 arrays, label) to ``path`` atomically.
+
+    Returns the manifest entry: ``bytes``, ``sha256``, ``samples``.
+    """
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    digest = hashlib.sha256()
+    count = 0
+    size = 0
+
+    def put(f: Any, chunk: bytes) -> None:
+        nonlocal size
+        f.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+
+    with open(tmp, "wb") as f:
+        put(f, MAGIC)
+        for image, label in samples:
+            arr = np.ascontiguousarray(image, dtype=np.uint8)
+            if arr.ndim == 2:
+                arr = arr[:, :, None]
+            if arr.ndim != 3:
+                raise ShardFormatError(f"image must be HxW or HxWxC, got shape {arr.shape}")
+            h, w, c = arr.shape
+            put(f, _HEADER.pack(int(label), h, w, c))
+            put(f, arr.tobytes())
+            count += 1
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return {"bytes": size, "sha256": digest.hexdigest(), "samples": count}
+
+
+def iter_shard(path: str | os.PathLike[str]) -> Iterator[tuple[bytes, int, tuple[int, int, int]]]:
+    """Yield ``(pixels, label, (h, w, c))`` one sample at a time; never reads the whole file."""
+    with open(path, "rb", buffering=1 << 16) as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ShardFormatError(f"{path}: not a gsched shard (bad magic)")
+        while True:
+            head = f.read(_HEADER.size)
+            if not head:
+                return
+            if len(head) != _HEADER.size:
+                raise ShardFormatError(f"{path}: truncated sample header")
+            label, h, w, c = _HEADER.unpack(head)
+            n = h * w * c
+            pixels = f.read(n)
+            if len(pixels) != n:
+                raise ShardFormatError(f"{path}: truncated sample")
+            yield pixels, label, (h, w, c)
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,207 @@
+"""The HTTP API (FastAPI).  Routes only parse, authenticate and delegate to ``service``/``heartbeat``.
+
+Every error a caller can cause is a 4xx JSON body ``{"detail": message, "field": name-or-null}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from scheduler import service as svc
+from scheduler.api_models import AgentTokenIn, DatasetIn, Heartbeat, JobSubmit, PlaceIn, SharesIn, UserAdd
+from scheduler.auth import Identity
+from scheduler.errors import ApiError, Unauthorized
+
+
+def create_app(ctx: Any) -> FastAPI:
+    """``ctx`` is the running ``ServerContext``: ``db``, ``settings``, ``clock``, ``poke()``."""
+    app = FastAPI(title="gsched", version="0.1.0")
+    db = ctx.db
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse({"detail": e.message, "field": e.field}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{loc or 'body'}: {err.get('msg')}")
+        return JSONResponse({"detail": "; ".join(parts), "field": None}, status_code=422)
+
+    def who(request: Request) -> Identity:
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token:
+            raise Unauthorized("missing token: set GSCHED_TOKEN or pass --token")
+        with db.session() as s:
+            ident = svc.authenticate(s, token)
+        if ident is None:
+            raise Unauthorized("invalid token")
+        return ident
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "leader": ctx.is_leader(), "time": ctx.clock.now()}
+
+    @app.get("/v1/whoami")
+    def whoami(request: Request) -> dict[str, Any]:
+        me = who(request)
+        return {"kind": me.kind, "name": me.name}
+
+    # ---------------------------------------------------------- users and tokens
+    @app.post("/v1/users", status_code=201)
+    def add_user(body: UserAdd, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            token = svc.add_user(s, ctx.clock.now(), me, body.name, body.shares, body.role)
+        return {"name": body.name, "token": token}
+
+    @app.get("/v1/users")
+    def users(request: Request) -> list[dict[str, Any]]:
+        who(request)
+        with db.session() as s:
+            return svc.list_users(s)
+
+    @app.delete("/v1/users/{name}")
+    def remove_user(name: str, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            svc.remove_user(s, ctx.clock.now(), me, name)
+        return {"removed": name}
+
+    @app.put("/v1/users/{name}/shares")
+    def shares(name: str, body: SharesIn, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            svc.set_shares(s, ctx.clock.now(), me, name, body.shares)
+        return {"name": name, "shares": body.shares}
+
+    @app.post("/v1/agent-tokens", status_code=201)
+    def agent_token(body: AgentTokenIn, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            token = svc.create_agent_token(s, ctx.clock.now(), me, body.node)
+        return {"node": body.node, "token": token}
+
+    @app.get("/v1/share")
+    def share(request: Request) -> list[dict[str, Any]]:
+        who(request)
+        from scheduler.views import share_rows
+
+        with db.session() as s:
+            return share_rows(s, ctx.clock.now(), ctx.settings.policy)
+
+    # ---------------------------------------------------------- agents
+    @app.post("/v1/agent/heartbeat")
+    def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
+        me = who(request)
+        from scheduler.heartbeat import process_heartbeat
+
+        with db.session() as s:
+            reply = process_heartbeat(s, ctx.clock.now(), me, body)
+        if any(r.state in ("EXITED", "KILLED") for r in body.ranks):
+            ctx.poke()  # devices were freed: schedule soon
+        reply["heartbeat_s"] = ctx.settings.heartbeat_s
+        return reply
+
+    @app.get("/v1/nodes")
+    def nodes(request: Request) -> list[dict[str, Any]]:
+        who(request)
+        with db.session() as s:
+            return svc.node_rows(s)
+
+    # ---------------------------------------------------------- data sets
+    @app.post("/v1/datasets", status_code=201)
+    def make_dataset(body: DatasetIn, request: Request) -> dict[str, Any]:
+        me = who(request)
+        from scheduler.datastore import register_dataset
+
+        with db.session() as s:
+            return register_dataset(s, ctx.clock.now(), me, body)
+
+    @app.post("/v1/datasets/{name}/place")
+    def place(name: str, body: PlaceIn, request: Request) -> dict[str, Any]:
+        me = who(request)
+        from scheduler.datastore import set_replicas
+
+        with db.session() as s:
+            out = set_replicas(s, ctx.clock.now(), me, name, body.replicas)
+        ctx.poke()
+        return out
+
+    @app.get("/v1/datasets")
+    def datasets(request: Request) -> list[dict[str, Any]]:
+        who(request)
+        with db.session() as s:
+            return svc.dataset_rows(s)
+
+    # ---------------------------------------------------------- jobs
+    @app.post("/v1/jobs", status_code=201)
+    def submit(body: JobSubmit, request: Request) -> JSONResponse:
+        me = who(request)
+        with db.session() as s:
+            job_id, created = svc.submit_job(s, ctx.clock.now(), me, body.spec, body.client_request_id)
+        if created:
+            ctx.poke()
+        return JSONResponse({"id": job_id, "created": created}, status_code=201 if created else 200)
+
+    @app.get("/v1/jobs")
+    def queue(request: Request, all: bool = False) -> dict[str, Any]:
+        who(request)
+        from scheduler.views import queue_view
+
+        with db.session() as s:
+            return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all)
+
+    @app.get("/v1/jobs/{job_id}")
+    def show(job_id: int, request: Request) -> dict[str, Any]:
+        who(request)
+        with db.session() as s:
+            return svc.job_detail(s, svc.get_job(s, job_id))
+
+    @app.get("/v1/jobs/{job_id}/explain")
+    def explain(job_id: int, request: Request) -> dict[str, Any]:
+        who(request)
+        from scheduler.views import explain_view
+
+        with db.session() as s:
+            return explain_view(s, svc.get_job(s, job_id))
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    def cancel(job_id: int, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            state = svc.cancel_job(s, ctx.clock.now(), me, job_id)
+        ctx.poke()
+        return {"id": job_id, "state": state}
+
+    @app.get("/v1/jobs/{job_id}/logs")
+    def logs(job_id: int, request: Request, rank: int | None = None, after: int = 0) -> dict[str, Any]:
+        me = who(request)
+        with db.session() as s:
+            job = svc.get_job(s, job_id)
+            svc.require_owner(job, me)
+            return svc.job_logs(s, job, rank, after)
+
+    @app.get("/v1/events")
+    def events(request: Request, job: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        me = who(request)
+        from scheduler.views import events_view
+
+        with db.session() as s:
+            return events_view(s, me, job, max(1, min(limit, 1000)))
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        from scheduler.metrics import render
+
+        with db.session() as s:
+            return PlainTextResponse(render(s, ctx), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,348 @@
+"""One scheduling cycle, as numbered phases (each logs its count and duration):
+
+1. expire: nodes silent past ``heartbeat_ttl_s`` go down; their jobs are requeued.
+2. limits: jobs past their time limit end TIMEOUT.
+3. usage: decayed per-user device-seconds are brought up to now.
+4. snapshot: one immutable ``Snapshot`` is read from the database.
+5. decide: stage 1 (per job, local) and stage 2 (the arbiter), pure functions of the snapshot.
+6. bind: one transaction per chosen job, re-checking that its devices are still free.
+7. replicate: copies are scheduled for under-replicated shards (bounded concurrency).
+8. report: every pending job's explanation and a cluster sample are stored.
+
+``run_cycle`` is called by APScheduler in the server (one at a time) and by tests with a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler import states as st
+from scheduler.db import Database
+from scheduler.decide import decide
+from scheduler.fairshare import decay
+from scheduler.models import (
+    Checkpoint,
+    ClusterSample,
+    Dataset,
+    Device,
+    Job,
+    Node,
+    Rank,
+    Replica,
+    Shard,
+    ShardAssignment,
+    Transfer,
+    Usage,
+    User,
+)
+from scheduler.placement_types import Candidate, Decision
+from scheduler.replicas import place_replicas
+from scheduler.service import finish_job, record, requeue_job
+from scheduler.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
+
+log = logging.getLogger("gsched.cycle")
+
+
+@dataclass
+class CycleReport:
+    time: float
+    durations_s: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    bound: list[int] = field(default_factory=list)
+
+
+def run_cycle(db: Database, settings: Any, now: float) -> CycleReport:
+    report = CycleReport(time=now)
+
+    def phase(name: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        report.durations_s[name] = time.perf_counter() - t0
+        return out
+
+    with db.session() as s:
+        report.counts["expired"] = phase("expire", lambda: expire_nodes(s, now, settings.heartbeat_ttl_s))
+    with db.session() as s:
+        report.counts["timeouts"] = phase("limits", lambda: enforce_time_limits(s, now))
+    with db.session() as s:
+        phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
+    with db.session() as s:
+        snap = phase("snapshot", lambda: build_snapshot(s, now))
+    candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
+    report.counts["pending"] = len(snap.pending)
+    for job_id, cand in decision.bindings.items():
+        with db.session() as s:
+            if bind(s, now, job_id, cand):
+                report.bound.append(job_id)
+    report.counts["bound"] = len(report.bound)
+    with db.session() as s:
+        report.counts["replications"] = phase(
+            "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
+    with db.session() as s:
+        phase("report", lambda: write_report(s, now, snap, candidates, decision, report))
+    log.info("cycle: %s %s", report.counts, {k: round(v * 1000, 1) for k, v in report.durations_s.items()})
+    return report
+
+
+# ------------------------------------------------------------------ 1. expire
+
+
+def expire_nodes(s: Session, now: float, ttl_s: float) -> int:
+    n = 0
+    for node in s.scalars(select(Node).where(Node.state == "up", Node.last_seen < now - ttl_s)):
+        node.state = "down"
+        node.down_since = now
+        n += 1
+        record(s, now, "server", "node.down", f"{node.name}: no heartbeat for {now - node.last_seen:.0f}s", node=node.name)
+        jobs = {r.job_id for r in s.scalars(select(Rank).where(Rank.node == node.name,
+                                                              Rank.state.not_in(st.RANK_FINAL)))}
+        for job_id in sorted(jobs):
+            job = s.get(Job, job_id)
+            if job is not None and job.state in st.ACTIVE:
+                requeue_job(s, now, job, f"node {node.name} is down")
+    return n
+
+
+# ------------------------------------------------------------------ 2. limits
+
+
+def enforce_time_limits(s: Session, now: float) -> int:
+    n = 0
+    for job in s.scalars(select(Job).where(Job.state.in_(st.ACTIVE))):
+        limit = int(job.spec.get("limits", {}).get("time", 3600))
+        start = job.started_at
+        if start is not None and now - start > limit:
+            finish_job(s, now, job, st.TIMEOUT, f"ran past its time limit of {limit}s")
+            n += 1
+    return n
+
+
+# ------------------------------------------------------------------ 3. usage
+
+
+def update_usage(s: Session, now: float, half_life_s: float) -> None:
+    """Decay each user's usage to ``now`` and add the device-seconds their live ranks used since."""
+    rows = {u.user: u for u in s.scalars(select(Usage))}
+    running: dict[str, int] = defaultdict(int)
+    q = (select(Job.user, Rank.devices).join(Rank, Rank.job_id == Job.id)
+         .where(Rank.state == st.R_RUNNING, Job.state == st.RUNNING))
+    for user, devices in s.execute(q):
+        running[user] += len(devices or [])
+    for user in set(rows) | set(running):
+        row = rows.get(user)
+        if row is None:
+            row = Usage(user=user, device_seconds=0.0, updated_at=now)
+            s.add(row)
+            continue
+        dt = max(0.0, now - row.updated_at)
+        row.device_seconds = decay(row.device_seconds, dt, half_life_s) + running[user] * dt
+        row.updated_at = now
+
+
+# ------------------------------------------------------------------ 4. snapshot
+
+
+def busy_devices(s: Session) -> dict[str, set[int]]:
+    busy: dict[str, set[int]] = defaultdict(set)
+    for node, devices in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(st.RANK_FINAL))):
+        busy[node].update(devices or [])
+    return busy
+
+
+def build_snapshot(s: Session, now: float) -> Snapshot:
+    busy = busy_devices(s)
+    healthy: dict[str, int] = defaultdict(int)
+    for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
+        healthy[node] = count
+    nodes = {}
+    for n in s.scalars(select(Node).where(Node.state == "up").order_by(Node.name)):
+        devs = healthy.get(n.name, 0)
+        nodes[n.name] = NodeView(name=n.name, rack=n.rack, devices=devs, free=max(0, devs - len(busy[n.name])))
+    shards: dict[str, list[ShardView]] = defaultdict(list)
+    for sh in s.scalars(select(Shard).order_by(Shard.dataset, Shard.index)):
+        shards[sh.dataset].append(ShardView(sh.dataset, sh.index, sh.bytes, sh.samples))
+    replicas: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for r in s.scalars(select(Replica).where(Replica.state == "healthy").order_by(Replica.node)):
+        if r.node in nodes:
+            replicas[(r.dataset, r.shard)].append(r.node)
+    ckpt_nodes: dict[int, tuple[str, ...]] = {}
+    for c in s.scalars(select(Checkpoint).order_by(Checkpoint.job_id, Checkpoint.epoch)):
+        ckpt_nodes[c.job_id] = tuple(c.nodes or ())
+    pending = []
+    for j in s.scalars(select(Job).where(Job.state == st.PENDING).order_by(Job.id)):
+        res = j.spec.get("resources", {})
+        pending.append(JobView(id=j.id, user=j.user, ranks=int(res.get("ranks", 1)),
+                               devices_per_rank=int(res.get("gpus_per_rank", 1)),
+                               dataset=j.spec.get("data", {}).get("dataset"), submit_s=j.submitted_at,
+                               pending_since_s=j.pending_since,
+                               time_limit_s=float(j.spec.get("limits", {}).get("time", 3600)),
+                               prefer_nodes=ckpt_nodes.get(j.id, ())))
+    running = []
+    by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in s.scalars(select(Rank).where(Rank.state.not_in(st.RANK_FINAL))):
+        by_job[r.job_id][r.node] += len(r.devices or [])
+    for j in s.scalars(select(Job).where(Job.id.in_(list(by_job)))):
+        start = j.started_at or now
+        limit = float(j.spec.get("limits", {}).get("time", 3600))
+        running.append(RunningView(id=j.id, user=j.user, devices_by_node=tuple(sorted(by_job[j.id].items())),
+                                   end_by_s=max(now, start + limit)))
+    usage = {u.user: u.device_seconds for u in s.scalars(select(Usage))}
+    shares = {u.name: u.shares for u in s.scalars(select(User))}
+    return Snapshot(now_s=now, nodes=nodes, shards={k: tuple(v) for k, v in shards.items()},
+                    replicas={k: tuple(v) for k, v in replicas.items()}, pending=tuple(pending),
+                    running=tuple(running), usage=usage, shares=shares)
+
+
+# ------------------------------------------------------------------ 6. bind
+
+
+def bind(s: Session, now: float, job_id: int, cand: Candidate) -> bool:
+    """Bind one job to ``cand`` in the caller's transaction, or do nothing and return False.
+
+    Re-checks that the job is still PENDING and that every device it needs is still free, so two
+    cycles (or a stale decision) can never give a device twice.
+    """
+    job = s.get(Job, job_id)
+    if job is None or job.state != st.PENDING:
+        return False
+    busy = busy_devices(s)
+    healthy: dict[str, list[int]] = defaultdict(list)
+    for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
+        healthy[d.node].append(d.index)
+    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == "up"))}
+    free = {n: [i for i in healthy[n] if i not in busy[n]] for n in cand.nodes}
+    for node, need in cand.devices_by_node().items():
+        if node not in up or len(free[node]) < need:
+            return False
+    job.attempt += 1
+    st.transition(job, st.BOUND, f"bound to {', '.join(cand.nodes)}")
+    job.master_port = None
+    job.transfer_bytes = cand.transfer_bytes
+    job.transfer_cost_ms = cand.transfer_cost_ms
+    job.local_fraction = cand.local_fraction
+    job.progress = {}
+    local_index: dict[str, int] = defaultdict(int)
+    for rank, node in enumerate(cand.rank_nodes):
+        devices = free[node][: cand.devices_per_rank]
+        free[node] = free[node][cand.devices_per_rank:]
+        s.add(Rank(job_id=job.id, attempt=job.attempt, rank=rank, local_rank=local_index[node], node=node,
+                   devices=devices, state=st.R_ASSIGNED, bound_at=now))
+        local_index[node] += 1
+    dataset = job.spec.get("data", {}).get("dataset", "")
+    for read in cand.reads:
+        s.add(ShardAssignment(job_id=job.id, attempt=job.attempt, rank=read.rank, dataset=dataset, shard=read.shard,
+                              node=read.node, source=read.source, bytes=read.bytes))
+        if not read.local:
+            s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
+                           bytes=read.bytes, state="job", created_at=now))
+    record(s, now, "server", "job.bind", f"attempt {job.attempt} on {', '.join(cand.nodes)}; "
+           f"{cand.transfer_bytes} bytes to stage (~{cand.transfer_cost_ms} ms)", job_id=job.id)
+    return True
+
+
+# ------------------------------------------------------------------ 7. replicate
+
+
+def schedule_replication(s: Session, now: float, concurrency: int) -> int:
+    """Plan copies for shards with fewer healthy replicas (on up nodes) than their data set requires.
+
+    At most ``concurrency`` re-replication transfers are in flight cluster-wide, so training traffic
+    is not starved.  Corrupt copies are replaced first on the same node (a repair), else elsewhere.
+    """
+    inflight = s.scalar(select(func.count()).select_from(Transfer).where(
+        Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running")))) or 0
+    budget = concurrency - inflight
+    if budget <= 0:
+        return 0
+    up = [(n.name, n.rack) for n in s.scalars(select(Node).where(Node.state == "up").order_by(Node.name))]
+    if not up:
+        return 0
+    up_names = {n for n, _ in up}
+    inflight_keys = {(t.dataset, t.shard, t.dst) for t in s.scalars(select(Transfer).where(
+        Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running"))))}
+    node_bytes: dict[str, int] = defaultdict(int)
+    reps: dict[tuple[str, int], list[Replica]] = defaultdict(list)
+    for r in s.scalars(select(Replica)):
+        reps[(r.dataset, r.shard)].append(r)
+    sizes = {(sh.dataset, sh.index): sh.bytes for sh in s.scalars(select(Shard))}
+    for (ds, idx), rs in reps.items():
+        for r in rs:
+            if r.state == "healthy" and r.node in up_names:
+                node_bytes[r.node] += sizes.get((ds, idx), 0)
+    made = 0
+    for d in s.scalars(select(Dataset).order_by(Dataset.name)):
+        for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
+            rs = reps.get((d.name, sh.index), [])
+            healthy = [r.node for r in rs if r.state == "healthy" and r.node in up_names]
+            if not healthy or len(healthy) >= d.replicas_required:
+                continue
+            pending_dst = [dst for (ds, i, dst) in inflight_keys if ds == d.name and i == sh.index]
+            have = healthy + pending_dst
+            if len(have) >= d.replicas_required:
+                continue
+            # Nodes holding a corrupt or missing copy come first: repair in place.
+            repair = [r.node for r in rs if r.state in ("corrupt", "missing") and r.node in up_names
+                      and r.node not in have]
+            plan = place_replicas([(sh.index, sh.bytes)], up, d.replicas_required, existing={sh.index: have},
+                                  node_bytes=node_bytes)
+            targets = [n for n in plan.get(sh.index, []) if n not in have]
+            targets = sorted(targets, key=lambda n: (n not in repair, n))
+            for dst in targets[: d.replicas_required - len(have)]:
+                if made >= budget:
+                    return made
+                src = min(healthy, key=lambda n: (dict(up).get(n) != dict(up).get(dst), n))
+                s.add(Transfer(job_id=None, dataset=d.name, shard=sh.index, src=src, dst=dst, bytes=sh.bytes,
+                               state="pending", created_at=now))
+                inflight_keys.add((d.name, sh.index, dst))
+                node_bytes[dst] += sh.bytes
+                record(s, now, "server", "replica.copy", f"{d.name}/{sh.index}: {src} -> {dst}", node=dst)
+                made += 1
+    return made
+
+
+# ------------------------------------------------------------------ 8. report
+
+
+def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
+                 decision: Decision, report: CycleReport) -> None:
+    position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
+    for jv in snap.pending:
+        job = s.get(Job, jv.id)
+        if job is None:
+            continue
+        chosen = decision.bindings.get(jv.id)
+        cands = []
+        for i, c in enumerate(candidates.get(jv.id, [])):
+            cands.append({"nodes": list(c.nodes), "ranks_per_node": {n: k // max(1, c.devices_per_rank)
+                                                                       for n, k in c.devices_by_node().items()},
+                          "local_fraction": round(c.local_fraction, 4), "transfer_bytes": c.transfer_bytes,
+                          "transfer_cost_ms": c.transfer_cost_ms, "chosen": chosen is c,
+                          "reason": "chosen" if chosen is c else decision.candidate_reasons.get((jv.id, i), "")})
+        job.factor = float(decision.factors.get(jv.id, job.factor))
+        job.priority = float(decision.priorities.get(jv.id, job.priority))
+        reason = "" if chosen is not None else decision.reasons.get(jv.id, "waiting for the next cycle")
+        job.explain = {"time": now, "factor": job.factor, "priority": job.priority,
+                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
+                       "candidates": cands, "reason": reason or "bound",
+                       "reservation": _reservation(decision)}
+        if chosen is None and job.state == st.PENDING:
+            job.reason = reason
+    busy = sum(len(v) for v in busy_devices(s).values())
+    total = sum(n.devices for n in snap.nodes.values())
+    running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(st.ACTIVE))) or 0
+    s.add(ClusterSample(time=now, devices_total=total, devices_busy=busy, pending=len(snap.pending) - len(report.bound),
+                        running=running, durations={k: round(v, 6) for k, v in report.durations_s.items()}))
+
+
+def _reservation(decision: Decision) -> dict[str, Any] | None:
+    if decision.reservation is None:
+        return None
+    job_id, nodes, start = decision.reservation
+    return {"job": job_id, "nodes": nodes, "start_s": start}

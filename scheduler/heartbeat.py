@@ -1,0 +1,306 @@
+"""An agent's heartbeat: what the node reports, and what the server answers.
+
+Contract (called by ``POST /v1/agent/heartbeat`` with an agent identity bound to ``hb.node``):
+
+* the node, its devices and (when ``hb.replicas`` is not None) its full shard inventory are upserted;
+  a replica whose sha256 differs from the manifest is recorded ``corrupt``;
+* each reported rank updates its row; a rank the server does not expect (stale attempt, cancelled or
+  requeued job, node that was declared down) is answered with a kill;
+* metrics, checkpoints, log text and transfer results are stored;
+* the jobs touched are re-derived from their ranks (``sync_job``);
+* the reply lists the ranks the node must run (idempotent: the agent ignores those it already has),
+  the ranks to kill, and the replica copies to make.
+
+Processing the same heartbeat twice is harmless: updates are absolute, and log text is keyed by offset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from scheduler import states as st
+from scheduler.api_models import Heartbeat
+from scheduler.auth import Identity
+from scheduler.errors import Forbidden
+from scheduler.models import Checkpoint, Dataset, Device, Job, LogChunk, Metric, Node, Rank, Replica, Shard, ShardAssignment, Transfer
+from scheduler.service import finish_job, peer_key, record, requeue_job
+
+LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
+
+
+def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat) -> dict[str, Any]:
+    if not who.is_agent or who.name != hb.node:
+        raise Forbidden(f"this token may not report for node {hb.node!r}")
+    node = s.get(Node, hb.node)
+    restarted = False
+    if node is None:
+        node = Node(name=hb.node, rack=hb.rack, address=hb.address, state="up", incarnation=hb.incarnation,
+                    last_seen=now)
+        s.add(node)
+        record(s, now, who.actor, "node.join", f"{hb.node} rack={hb.rack} devices={len(hb.devices)}", node=hb.node)
+    else:
+        restarted = node.incarnation != hb.incarnation
+        if node.state != "up":
+            record(s, now, who.actor, "node.up", f"{hb.node} is back", node=hb.node)
+            node.state = "up"
+            node.down_since = None
+        node.rack, node.address, node.incarnation, node.last_seen = hb.rack, hb.address, hb.incarnation, now
+    node.free_bytes = hb.free_bytes
+    _devices(s, hb)
+    if hb.replicas is not None:
+        _inventory(s, now, hb)
+    touched: set[int] = set()
+    kill: list[dict[str, int]] = []
+    _ranks(s, now, hb, restarted, touched, kill)
+    _logs(s, hb)
+    _metrics(s, now, hb, touched)
+    _transfers(s, now, hb)
+    for job_id in sorted(touched):
+        job = s.get(Job, job_id)
+        if job is not None:
+            sync_job(s, now, job)
+    s.flush()
+    return _reply(s, hb.node, kill)
+
+
+def _devices(s: Session, hb: Heartbeat) -> None:
+    have = {d.index: d for d in s.scalars(select(Device).where(Device.node == hb.node))}
+    seen = set()
+    for d in hb.devices:
+        seen.add(d.index)
+        row = have.get(d.index)
+        if row is None:
+            s.add(Device(node=hb.node, index=d.index, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes,
+                         healthy=d.healthy))
+        else:
+            row.kind, row.model, row.memory_bytes, row.healthy = d.kind, d.model, d.memory_bytes, d.healthy
+    for idx, row in have.items():
+        if idx not in seen:
+            s.delete(row)
+
+
+def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
+    assert hb.replicas is not None
+    manifest = {(sh.dataset, sh.index): sh for sh in s.scalars(select(Shard))}
+    rows = {(r.dataset, r.shard): r for r in s.scalars(select(Replica).where(Replica.node == hb.node))}
+    reported = set()
+    for rep in hb.replicas:
+        key = (rep.dataset, rep.shard)
+        sh = manifest.get(key)
+        if sh is None:
+            continue  # a file the cluster does not know; left alone
+        reported.add(key)
+        state = "healthy" if rep.sha256 == sh.sha256 and rep.bytes == sh.bytes else "corrupt"
+        row = rows.get(key)
+        if row is None:
+            row = Replica(dataset=rep.dataset, shard=rep.shard, node=hb.node, state=state, updated_at=now)
+            s.add(row)
+        elif row.state != state:
+            if state == "corrupt":
+                record(s, now, f"agent:{hb.node}", "replica.corrupt", f"{rep.dataset}/{rep.shard} on {hb.node}: "
+                       f"sha256 {rep.sha256[:12]} != {sh.sha256[:12]}", node=hb.node)
+            row.state, row.updated_at = state, now
+    for key, row in rows.items():
+        if key not in reported and row.state != "staging":
+            if row.state != "missing":
+                row.state, row.updated_at = "missing", now
+
+
+def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int], kill: list[dict[str, int]]) -> None:
+    rows = {(r.job_id, r.attempt, r.rank): r
+            for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(st.RANK_FINAL)))}
+    reported = set()
+    for rr in hb.ranks:
+        key = (rr.job_id, rr.attempt, rr.rank)
+        reported.add(key)
+        row = rows.get(key)
+        if row is None:
+            if rr.state not in ("EXITED", "KILLED"):
+                kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
+            continue
+        touched.add(row.job_id)
+        if rr.log_tail:
+            row.log_tail = rr.log_tail
+        if row.state == st.R_KILLING:
+            if rr.state in ("EXITED", "KILLED"):
+                row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+            else:
+                kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
+            continue
+        if rr.state == "EXITED":
+            row.state, row.exit_code, row.ended_at = st.R_EXITED, rr.exit_code, now
+        elif rr.state == "KILLED":
+            row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+        else:
+            row.state = rr.state
+            if rr.state == "RUNNING" and row.started_at is None:
+                row.started_at = now
+        job = s.get(Job, row.job_id)
+        if job is None:
+            continue
+        if rr.error:
+            job.progress = {**(job.progress or {}), "error": rr.error}
+            if rr.state == "EXITED" and rr.exit_code not in (0, None):
+                row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
+        if rr.master_port and row.rank == 0 and job.attempt == row.attempt and job.master_port is None:
+            job.master_port = rr.master_port
+        if rr.state == "STAGING" and rr.staging_total:
+            stage = dict((job.progress or {}).get("staging", {}))
+            stage[str(row.rank)] = {"bytes": rr.staged_bytes, "total": rr.staging_total, "rate_bps": rr.staging_rate_bps}
+            job.progress = {**(job.progress or {}), "staging": stage}
+    # Ranks the agent no longer has: a restarted agent lost them, or they ended while unreported.
+    for key, row in rows.items():
+        if key in reported or row.state == st.R_ASSIGNED:
+            continue
+        if row.state == st.R_KILLING:
+            row.state, row.ended_at = st.R_KILLED, now
+        else:
+            row.state, row.exit_code, row.ended_at = st.R_KILLED, None, now
+            job = s.get(Job, row.job_id)
+            if job is not None and job.state in st.ACTIVE and job.attempt == row.attempt:
+                why = "restarted" if restarted else "lost the rank"
+                requeue_job(s, now, job, f"node {hb.node} {why} (rank {row.rank})")
+        touched.add(row.job_id)
+
+
+def _logs(s: Session, hb: Heartbeat) -> None:
+    for chunk in hb.logs:
+        if chunk.text:
+            s.add(LogChunk(job_id=chunk.job_id, attempt=chunk.attempt, rank=chunk.rank, offset=0, text=chunk.text))
+
+
+def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int]) -> None:
+    for m in hb.metrics:
+        job = s.get(Job, m.job_id)
+        if job is None or m.attempt != job.attempt:
+            continue
+        line = m.line
+        kind = line.get("type")
+        epoch = line.get("epoch")
+        if kind == "epoch" and isinstance(epoch, int):
+            s.execute(delete(Metric).where(Metric.job_id == job.id, Metric.epoch == epoch))
+            s.add(Metric(job_id=job.id, attempt=m.attempt, epoch=epoch, data=line, time=now))
+            job.progress = {**(job.progress or {}), "epoch": epoch}
+        elif kind == "checkpoint" and isinstance(epoch, int):
+            nodes = [hb.node] + [n for n in line.get("mirrors", []) if isinstance(n, str)]
+            s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
+            s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
+                             bytes=int(line.get("bytes", 0) or 0), created_at=now))
+        elif kind == "progress":
+            job.progress = {**(job.progress or {}), "train": {k: line.get(k) for k in ("epoch", "step", "steps")}}
+        touched.add(job.id)
+
+
+def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
+    for t in hb.transfers:
+        row = s.get(Transfer, t.id)
+        if row is None or row.dst != hb.node:
+            continue
+        row.state, row.reason = t.state, t.reason
+        if t.state in ("done", "failed"):
+            row.ended_at = now
+        if t.state == "done":
+            row.bytes = t.bytes
+            node = s.get(Node, hb.node)
+            if node is not None:
+                node.staged_bytes += t.bytes
+
+
+def sync_job(s: Session, now: float, job: Job) -> None:
+    """Derive an active job's state from the ranks of its current attempt (idempotent)."""
+    if job.state not in st.ACTIVE:
+        return
+    ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+    if not ranks:
+        return
+    failed = [r for r in ranks if r.state == st.R_EXITED and r.exit_code != 0]
+    if failed:
+        r = min(failed, key=lambda r: r.rank)
+        tail = "\n".join((r.log_tail or "").strip().splitlines()[-10:])
+        why = f"rank {r.rank} on {r.node} exited with code {r.exit_code}"
+        retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
+        if job.failures < retries:
+            job.failures += 1
+            requeue_job(s, now, job, f"{why}; retry {job.failures} of {retries}")
+            job.restarts -= 1  # a retry is counted in failures, not in node-loss restarts
+            return
+        finish_job(s, now, job, st.FAILED, f"{why}\n{tail}".strip())
+        return
+    if all(r.state == st.R_EXITED and r.exit_code == 0 for r in ranks):
+        finish_job(s, now, job, st.COMPLETED, "all ranks exited 0")
+        return
+    if any(r.state == st.R_KILLED for r in ranks):
+        return  # being torn down by a requeue or cancel
+    states = {r.state for r in ranks}
+    if st.R_RUNNING in states and states <= {st.R_RUNNING, st.R_EXITED}:
+        if job.state != st.RUNNING:
+            st.transition(job, st.RUNNING, "running")
+            job.started_at = job.started_at or now
+            job.progress = {k: v for k, v in (job.progress or {}).items() if k != "staging"} | {"staged": True}
+            _close_staging(s, now, job)
+            record(s, now, "server", "job.running", f"on {', '.join(sorted({r.node for r in ranks}))}", job_id=job.id)
+    elif states & {st.R_STAGING, st.R_READY, st.R_RUNNING} and job.state == st.BOUND:
+        st.transition(job, st.STAGING, "staging data and starting ranks")
+
+
+def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, Any]:
+    assignments = []
+    live = list(s.scalars(select(Rank).where(Rank.node == node_name, Rank.state.in_(LIVE_RANK))))
+    addresses = {n.name: n.address for n in s.scalars(select(Node))}
+    for r in live:
+        job = s.get(Job, r.job_id)
+        if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
+            continue
+        ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+        rank0 = next((x for x in ranks if x.rank == 0), None)
+        reads = list(s.scalars(select(ShardAssignment).where(ShardAssignment.job_id == job.id,
+                                                            ShardAssignment.attempt == job.attempt,
+                                                            ShardAssignment.rank == r.rank)
+                               .order_by(ShardAssignment.shard)))
+        dataset = s.get(Dataset, job.spec["data"]["dataset"])
+        shas = {sh.index: sh for sh in s.scalars(select(Shard).where(Shard.dataset == dataset.name))} if dataset else {}
+        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
+        assignments.append({
+            "job_id": job.id, "attempt": job.attempt, "rank": r.rank, "local_rank": r.local_rank,
+            "world_size": len(ranks), "local_world_size": sum(1 for x in ranks if x.node == node_name),
+            "devices": r.devices,
+            "master_addr": addresses.get(rank0.node, "").rsplit(":", 1)[0] if rank0 else "",
+            "master_port": job.master_port,
+            "train": job.spec.get("train", {}),
+            "num_classes": dataset.classes if dataset else 10,
+            "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas[a.shard].sha256 if a.shard in shas else "",
+                        "bytes": a.bytes, "source": a.source, "source_address": addresses.get(a.source, "")}
+                       for a in reads],
+            "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
+                        "addresses": [addresses.get(n, "") for n in ckpt.nodes]} if ckpt else None),
+        })
+    for r in s.scalars(select(Rank).where(Rank.node == node_name, Rank.state == st.R_KILLING)):
+        item = {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank}
+        if item not in kill:
+            kill.append(item)
+    transfers = []
+    for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state.in_(("pending", "running")))):
+        sh = s.get(Shard, (t.dataset, t.shard))
+        if sh is None:
+            continue
+        t.state = "running"
+        transfers.append({"id": t.id, "dataset": t.dataset, "shard": t.shard, "sha256": sh.sha256, "bytes": sh.bytes,
+                          "source": t.src, "source_address": addresses.get(t.src, "")})
+    deletes = []
+    for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state == "delete")):
+        t.state = "done"
+        deletes.append({"dataset": t.dataset, "shard": t.shard})
+    return {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
+            "peer_key": peer_key(s)}
+
+
+def _close_staging(s: Session, now: float, job: Job) -> None:
+    """Once every rank runs, the job's staged shards have arrived: count their bytes per node pair."""
+    for t in s.scalars(select(Transfer).where(Transfer.job_id == job.id, Transfer.state == "job")):
+        t.state, t.ended_at = "done", now
+        node = s.get(Node, t.dst)
+        if node is not None:
+            node.staged_bytes += t.bytes

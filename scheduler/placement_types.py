@@ -1,0 +1,76 @@
+"""What stage 1 proposes and stage 2 decides: candidates and decisions (plain frozen data)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRead:
+    """Rank ``rank`` reads shard ``shard``; it is staged from ``source`` unless ``source == node``."""
+
+    shard: int
+    rank: int
+    node: str
+    source: str
+    bytes: int
+
+    @property
+    def local(self) -> bool:
+        return self.source == self.node
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One whole-gang placement of one job.
+
+    ``rank_nodes[r]`` is the node of rank r.  ``transfer_bytes`` is the sum of bytes of the non-local
+    reads; ``transfer_cost_ms`` the cost model's estimate of staging them (an integer).
+    """
+
+    job_id: int
+    rank_nodes: tuple[str, ...]
+    devices_per_rank: int
+    reads: tuple[ShardRead, ...]
+    transfer_bytes: int
+    transfer_cost_ms: int
+
+    def devices_by_node(self) -> dict[str, int]:
+        counts = Counter(self.rank_nodes)
+        return {n: c * self.devices_per_rank for n, c in sorted(counts.items())}
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.rank_nodes)))
+
+    @property
+    def local_fraction(self) -> float:
+        total = sum(r.bytes for r in self.reads)
+        if total == 0:
+            return 1.0
+        return (total - self.transfer_bytes) / total
+
+
+@dataclass
+class Decision:
+    """The arbiter's answer for one cycle.
+
+    ``bindings``: job id -> the chosen candidate (devices never over-committed, gangs whole).
+    ``reasons``: job id -> a plain-words reason for every pending job left unbound.
+    ``candidate_reasons``: (job id, candidate index) -> why that candidate was not taken.
+    ``order``: pending job ids by priority (highest first); ``factors``: job id -> fair-share factor.
+    ``reservation``: (job id, node -> devices, start_s) held for the top job that does not fit, if any.
+    ``durations_s``: phase name -> seconds (filled by ``scheduler.decide.decide``).
+    """
+
+    bindings: dict[int, Candidate] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+    candidate_reasons: dict[tuple[int, int], str] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    factors: dict[int, float] = field(default_factory=dict)
+    priorities: dict[int, float] = field(default_factory=dict)
+    reservation: tuple[int, dict[str, int], float] | None = None
+    # Phase durations measured by ``scheduler.decide`` ("index", "stage1", "stage2"), in seconds.
+    # For reports only: no decision ever depends on them.
+    durations_s: dict[str, float] = field(default_factory=dict)

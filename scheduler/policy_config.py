@@ -1,0 +1,25 @@
+"""Knobs of the scheduling policy (the `[policy]` and `[network]` tables of gsched.toml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    arbiter: str = "twostage"  # a name in policies.registry.ARBITERS
+    candidates_per_job: int = 4  # stage 1's k
+    # Network model: bytes per second by distance.  Same node is free.
+    same_rack_bps: float = 25e9 / 8
+    cross_rack_bps: float = 10e9 / 8
+    # Fair share.
+    usage_half_life_s: float = 7 * 24 * 3600.0
+    fairshare_weight: float = 1000.0
+    age_weight: float = 100.0
+    age_max_s: float = 7 * 24 * 3600.0  # age factor saturates at 1.0 after this long pending
+    # Delay scheduling: wait up to locality_wait_s for a candidate costing at most
+    # locality_threshold_ms before accepting a costlier one.
+    locality_wait_s: float = 30.0
+    locality_threshold_ms: int = 0
+    # Weight of transfer cost against priority inside the arbiters that trade them (flow).
+    cost_weight: float = 1.0

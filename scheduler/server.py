@@ -1,0 +1,124 @@
+"""``gsched server``: migrations, bootstrap, the cycle timer (APScheduler) and the HTTP API (uvicorn).
+
+Start-up is idempotent: migrations bring the schema to head; the first start writes
+``$GSCHED_HOME/admin.token`` (mode 0600) and creates the users listed in the config's ``[users]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.clock import Clock
+from scheduler.config import Settings
+from scheduler.db import Database
+
+log = logging.getLogger("gsched.server")
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    db: Database
+    clock: Clock = field(default_factory=Clock)
+    scheduler: Any = None
+    _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def is_leader(self) -> bool:
+        return True
+
+    def poke(self) -> None:
+        """Ask for a cycle soon (after a submit or freed devices); coalesced with the timer."""
+        sched = self.scheduler
+        if sched is None:
+            return
+        from datetime import datetime, timedelta
+
+        try:
+            sched.modify_job("cycle", next_run_time=datetime.now() + timedelta(milliseconds=200))
+        except Exception:  # the job may be running right now; the next tick picks the change up
+            pass
+
+    def cycle(self) -> None:
+        if not self._cycle_lock.acquire(blocking=False):
+            return
+        try:
+            from scheduler.cycle import run_cycle
+
+            run_cycle(self.db, self.settings, self.clock.now())
+        except Exception:
+            log.exception("cycle failed")
+        finally:
+            self._cycle_lock.release()
+
+
+def bootstrap(db: Database, settings: Settings, clock: Clock) -> None:
+    from sqlalchemy import select
+
+    from scheduler import service as svc
+    from scheduler.models import User
+
+    home = settings.home
+    home.mkdir(parents=True, exist_ok=True)
+    token_file = home / "admin.token"
+    with db.session() as s:
+        svc.peer_key(s)
+        has_admin = s.scalar(select(User).where(User.role == "admin")) is not None
+        if not has_admin:
+            token = svc.add_user(s, clock.now(), None, "admin", 1.0, role="admin")
+            _write_secret(token_file, token)
+            log.info("admin token written to %s", token_file)
+        for name, shares in settings.users.items():
+            if s.get(User, name) is None:
+                token = svc.add_user(s, clock.now(), None, name, shares)
+                _write_secret(home / f"{name}.token", token)
+                log.info("user %s created; token in %s", name, home / f"{name}.token")
+
+
+def _write_secret(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def make_context(settings: Settings, clock: Clock | None = None) -> ServerContext:
+    db = Database(settings.db_url)
+    db.upgrade()
+    ctx = ServerContext(settings=settings, db=db, clock=clock or Clock())
+    bootstrap(db, settings, ctx.clock)
+    return ctx
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from scheduler.app import create_app
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    ctx = make_context(settings)
+    sched = BackgroundScheduler(daemon=True)
+    sched.add_job(ctx.cycle, "interval", seconds=settings.cycle_interval_s, id="cycle", max_instances=1,
+                  coalesce=True, misfire_grace_time=None)
+    ctx.scheduler = sched
+    sched.start()
+    app = create_app(ctx)
+    log.info("gsched server on http://%s:%d (db %s)", settings.host, settings.port, _redact(settings.db_url))
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    finally:
+        sched.shutdown(wait=False)
+        ctx.db.dispose()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
