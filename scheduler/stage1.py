@@ -66,8 +66,6 @@ class Stage1Index:
     free: Mapping[str, int]
     free_desc: tuple[str, ...]  # nodes with free devices, by (-free, name)
     free_desc_by_rack: Mapping[str, tuple[str, ...]]
-    all_desc: tuple[str, ...]  # every node, by (-devices, name): the fill order under a free override
-    all_desc_by_rack: Mapping[str, tuple[str, ...]]
     datasets: Mapping[str, DatasetIndex]
     device_hist: tuple[tuple[int, int], ...]  # (devices on a node, how many nodes)
     total_devices: int
@@ -112,7 +110,6 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
     devices = {n: v.devices for n, v in nodes.items()}
     free = {n: max(0, min(v.free, v.devices)) for n, v in nodes.items()}
     free_desc = tuple(sorted((n for n in nodes if free[n] > 0), key=lambda n: (-free[n], n)))
-    all_desc = tuple(sorted(nodes, key=lambda n: (-devices[n], n)))
     if datasets is None:
         datasets = {j.dataset for j in snap.pending if j.dataset is not None}
     hist = Counter(devices.values())
@@ -122,8 +119,6 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
         free=free,
         free_desc=free_desc,
         free_desc_by_rack=_by_rack(free_desc, racks),
-        all_desc=all_desc,
-        all_desc_by_rack=_by_rack(all_desc, racks),
         datasets={d: index_dataset(snap, d) for d in sorted(datasets)},
         device_hist=tuple(sorted(hist.items())),
         total_devices=sum(devices.values()),
@@ -153,7 +148,8 @@ def infeasible_reason(job: JobView, index: Stage1Index) -> str | None:
     return None
 
 
-def _dataset(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex | None:
+def dataset_of(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex | None:
+    """The job's data set index (None for a job without data); indexed on the fly if not in ``index``."""
     if job.dataset is None:
         return None
     ds = index.datasets.get(job.dataset)
@@ -162,7 +158,7 @@ def _dataset(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex |
 
 def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str | None:
     """Why the job's data cannot be read now (a shard without any live copy); None if it can."""
-    ds = _dataset(job, snap, index)
+    ds = dataset_of(job, snap, index)
     if ds is None or not ds.missing:
         return None
     return (
@@ -175,44 +171,51 @@ def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str
 
 
 class _Fit:
-    """The free devices one propose call sees (snapshot's, or an override) and the fill order."""
+    """The free devices one propose call sees (snapshot's, or an override) and the fill order.
+
+    Under an override the fill order is built from the override itself (sorted once, lazily), so
+    callers keep the cost low by passing only nodes that have free devices.
+    """
 
     def __init__(self, job: JobView, index: Stage1Index, free: Mapping[str, int] | None):
         self.dpr = job.devices_per_rank
         self.ranks = job.ranks
         self.index = index
         self.free = index.free if free is None else free
-        if free is None:
-            self.order, self.order_by_rack, self.sorted_by = (
-                index.free_desc,
-                index.free_desc_by_rack,
-                index.free,
+        self._override = free is not None
+        self._order: tuple[str, ...] | None = None if self._override else index.free_desc
+        self._by_rack: Mapping[str, tuple[str, ...]] | None = (
+            None if self._override else index.free_desc_by_rack
+        )
+
+    def _orders(self) -> tuple[tuple[str, ...], Mapping[str, tuple[str, ...]]]:
+        if self._order is None or self._by_rack is None:
+            f, racks = self.free, self.index.racks
+            self._order = tuple(
+                sorted((n for n in f if f[n] >= self.dpr and n in racks), key=lambda n: (-f[n], n))
             )
-        else:
-            self.order, self.order_by_rack, self.sorted_by = (
-                index.all_desc,
-                index.all_desc_by_rack,
-                index.devices,
-            )
+            self._by_rack = _by_rack(self._order, racks)
+        return self._order, self._by_rack
 
     def cap(self, node: str) -> int:
         return self.free.get(node, 0) // self.dpr
 
     def fill_nodes(self, racks: Sequence[str] = ()) -> Iterable[str]:
         """Nodes with room for one rank: those in ``racks`` first, then all, most free first."""
+        order, by_rack = self._orders()
         seen_racks = set()
         for r in racks:
             if r in seen_racks:
                 continue
             seen_racks.add(r)
-            yield from self._scan(self.order_by_rack.get(r, ()))
-        for n in self._scan(self.order):
+            yield from self._scan(by_rack.get(r, ()))
+        for n in self._scan(order):
             if self.index.racks.get(n) not in seen_racks:
                 yield n
 
     def _scan(self, names: Sequence[str]) -> Iterable[str]:
         for n in names:
-            if self.sorted_by.get(n, 0) < self.dpr:
+            if self.free.get(n, 0) < self.dpr:
                 return  # sorted descending: no later node has room either
             if self.cap(n) > 0:
                 yield n
@@ -463,6 +466,29 @@ def candidate_key(c: Candidate) -> tuple[int, int, tuple[str, ...]]:
     return (c.transfer_cost_ms, len(c.nodes), c.nodes)
 
 
+def propose_packed(
+    job: JobView,
+    snap: Snapshot,
+    cfg: PolicyConfig,
+    index: Stage1Index | None = None,
+    free: Mapping[str, int] | None = None,
+) -> Candidate | None:
+    """One data-blind placement: fewest nodes, most free first, ties by name (None if no fit).
+
+    For baselines that ignore data (``policies.fairshare``); its reads and costs are still computed
+    (local reads happen only by chance).  Pure.
+    """
+    if index is None:
+        index = build_index(snap, [job.dataset] if job.dataset else [])
+    if infeasible_reason(job, index) is not None:
+        return None
+    ds = dataset_of(job, snap, index)
+    if ds is not None and ds.missing:
+        return None
+    counts = _fewest_nodes(_Fit(job, index, free), None)
+    return None if counts is None else _evaluate(job, counts, ds, index, cfg)
+
+
 def propose(
     job: JobView,
     snap: Snapshot,
@@ -483,7 +509,7 @@ def propose(
         index = build_index(snap, [job.dataset] if job.dataset else [])
     if infeasible_reason(job, index) is not None:
         return []
-    ds = _dataset(job, snap, index)
+    ds = dataset_of(job, snap, index)
     if ds is not None and ds.missing:
         return []
     fit = _Fit(job, index, free)

@@ -67,7 +67,9 @@ class ClusterBuilder:
         self._last = name
         return self
 
-    def nodes(self, *names: str, rack: str = "r1", devices: int = 4, free: int | None = None) -> ClusterBuilder:
+    def nodes(
+        self, *names: str, rack: str = "r1", devices: int = 4, free: int | None = None
+    ) -> ClusterBuilder:
         for n in names:
             self.node(n, rack=rack, devices=devices, free=free)
         return self

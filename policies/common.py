@@ -1,0 +1,61 @@
+"""Small helpers shared by the arbiters: free-device ledgers, fit checks and reason texts.
+
+Contract: everything here works on plain data handed in by one ``arbitrate`` call; a
+:class:`FreeLedger` belongs to that call alone and is thrown away with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scheduler.placement_types import Candidate
+from scheduler.stage1 import Stage1Index
+
+
+def fmt_t(t_s: float) -> str:
+    """How reasons print a time: ``t=1030s`` (seconds on the scheduler's clock)."""
+    return f"t={t_s:.0f}s"
+
+
+class FreeLedger:
+    """Free devices left in this cycle, node -> count; only nodes with some free devices are kept."""
+
+    def __init__(self, index: Stage1Index):
+        self.free: dict[str, int] = {n: index.free[n] for n in index.free_desc}
+        self.total = sum(self.free.values())
+        self.version = 0  # bumped by every take(), so callers can cache views of the ledger
+
+    def get(self, node: str) -> int:
+        return self.free.get(node, 0)
+
+    def fits(self, c: Candidate) -> bool:
+        return all(self.free.get(n, 0) >= d for n, d in c.devices_by_node().items())
+
+    def take(self, c: Candidate) -> None:
+        """Give the candidate's devices away; raises if any is not free (a bug in the arbiter)."""
+        self.version += 1
+        for n, d in c.devices_by_node().items():
+            left = self.free.get(n, 0) - d
+            if left < 0:
+                raise AssertionError(f"job {c.job_id}: node {n} would be over-committed")
+            if left == 0:
+                del self.free[n]
+            else:
+                self.free[n] = left
+            self.total -= d
+
+
+def busy_reason(c: Candidate, free: Mapping[str, int]) -> str | None:
+    """Why ``c`` does not fit ``free`` ("devices busy on n2: needs 4, 2 free"), or None if it fits."""
+    for n, d in c.devices_by_node().items():
+        have = free.get(n, 0)
+        if have < d:
+            return f"devices busy on {n}: needs {d}, {have} free"
+    return None
+
+
+def devices_busy(needed: int, free_total: int) -> str:
+    """The job-level reason when no placement fits: "devices busy: needs 4, 2 free"."""
+    if free_total >= needed:
+        return f"devices busy: needs {needed}, {free_total} free but not enough on single nodes"
+    return f"devices busy: needs {needed}, {free_total} free"

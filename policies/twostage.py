@@ -1,0 +1,206 @@
+"""The default arbiter: fair-share order, cheapest fitting candidate, bounded locality wait, and one
+reservation with backfill so big gangs do not starve.
+
+For each pending job in fair-share order (:func:`scheduler.fairshare.queue_order`):
+
+1. A job that can never run, or whose data has no live copy, is skipped with that reason.
+2. Its candidates that fit the devices still free are kept (after a reservation exists, jobs that would
+   still run at its start must also leave the reserved devices alone).  If none fits but enough
+   devices are free, stage 1 is asked again over what is left (candidates of jobs placed earlier in
+   the cycle may have taken this job's nodes).
+3. **Locality wait** (delay scheduling): if the cheapest fitting candidate costs more than
+   ``locality_threshold_ms``, the job has been pending less than ``locality_wait_s``, and a placement
+   within the threshold exists on the data's holders if they were idle, the job stays pending
+   ("waiting for locality until T").  From ``pending_since_s + locality_wait_s`` on it takes the
+   costlier candidate.  Waiting holds nothing, so others may use those devices meanwhile.
+4. Otherwise it binds the cheapest fitting candidate (whole gang, devices taken from the ledger).
+5. **Reservation**: the first (highest-priority) job that fits nowhere gets a reservation: the
+   earliest time ``T`` at which, as running jobs (and jobs bound this cycle) end by their time limits,
+   stage 1 finds a placement for it, and that placement's devices.  Later jobs may backfill if they end
+   (``now_s + time_limit_s``) by ``T``, or if they leave enough devices on the reserved nodes for the
+   reservation at ``T``.  Only one reservation is held; no devices are ever held for a partial gang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.common import FreeLedger, busy_reason, devices_busy, fmt_t
+from scheduler.fairshare import queue_order
+from scheduler.placement_types import Candidate, Decision
+from scheduler.policy_config import PolicyConfig
+from scheduler.snapshot import JobView, Snapshot
+from scheduler.stage1 import (
+    Stage1Index,
+    build_index,
+    candidate_key,
+    dataset_of,
+    infeasible_reason,
+    missing_data_reason,
+    propose,
+)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    job_id: int
+    need: dict[str, int]  # node -> devices the reserved job will use at start_s
+    start_s: float
+    held: dict[str, int]  # node -> devices free now that long backfill jobs must leave alone
+
+
+def plan_reservation(
+    job: JobView,
+    snap: Snapshot,
+    cfg: PolicyConfig,
+    index: Stage1Index,
+    free_now: Mapping[str, int],
+    bound_ends: Sequence[tuple[float, dict[str, int]]],
+) -> Reservation | None:
+    """When and where ``job`` could start as running jobs end by their time limits (None: never seen).
+
+    ``free_now``: devices free after this cycle's earlier bindings; ``bound_ends``: (end_s, devices by
+    node) of the jobs bound earlier in this cycle.  Releases are applied in time order; at each time
+    where enough ranks fit, stage 1 is asked for a placement over the devices free then.
+    """
+    dpr = job.devices_per_rank
+    future = {n: f for n, f in free_now.items() if f > 0}
+    cap = sum(f // dpr for f in future.values())
+    events = [(r.end_by_s, dict(r.devices_by_node)) for r in snap.running] + list(bound_ends)
+    events.sort(key=lambda e: e[0])
+    for i, (t, dbn) in enumerate(events):
+        for n, dv in dbn.items():
+            if n not in index.devices:
+                continue  # node is gone; its devices come back with it, not with this job's end
+            old = future.get(n, 0)
+            new = min(old + dv, index.devices[n])
+            future[n] = new
+            cap += new // dpr - old // dpr
+        if i + 1 < len(events) and events[i + 1][0] == t:
+            continue
+        if cap < job.ranks:
+            continue
+        cands = propose(job, snap, cfg, index, free=future)
+        if not cands:
+            continue
+        need = cands[0].devices_by_node()
+        held = {}
+        for n, d in need.items():
+            released = future[n] - free_now.get(n, 0)
+            h = min(free_now.get(n, 0), max(0, d - released))
+            if h > 0:
+                held[n] = h
+        return Reservation(job.id, need, max(t, snap.now_s), held)
+    return None
+
+
+def locality_possible(job: JobView, snap: Snapshot, cfg: PolicyConfig, index: Stage1Index) -> bool:
+    """Would a placement within ``locality_threshold_ms`` exist on the data's holders if they were idle?"""
+    ds = dataset_of(job, snap, index)
+    if ds is None or not ds.holders:
+        return False
+    idle = {h: index.devices[h] for h in ds.holders}
+    cands = propose(job, snap, cfg, index, free=idle)
+    return bool(cands) and cands[0].transfer_cost_ms <= cfg.locality_threshold_ms
+
+
+class TwoStageArbiter:
+    """The default arbiter (see the module docstring)."""
+
+    name = "twostage"
+
+    def arbitrate(
+        self,
+        snap: Snapshot,
+        candidates: Mapping[int, Sequence[Candidate]],
+        cfg: PolicyConfig,
+        index: Stage1Index | None = None,
+    ) -> Decision:
+        index = index if index is not None else build_index(snap)
+        ordered, prios, factors = queue_order(snap, cfg)
+        d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)
+        ledger = FreeLedger(index)
+        bound_ends: list[tuple[float, dict[str, int]]] = []
+        res: Reservation | None = None
+        avail_cache: tuple[int, dict[str, int], int] | None = None  # (ledger version, free, total)
+        possible: dict[tuple[str | None, int, int], bool] = {}
+        now = snap.now_s
+
+        for job in ordered:
+            why = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
+            if why is not None:
+                d.reasons[job.id] = why
+                continue
+            long_job = res is not None and now + job.time_limit_s > res.start_s
+            if res is not None and long_job:
+                if avail_cache is None or avail_cache[0] != ledger.version:
+                    avail = {n: f - res.held.get(n, 0) for n, f in ledger.free.items()}
+                    avail = {n: f for n, f in avail.items() if f > 0}
+                    avail_cache = (ledger.version, avail, sum(avail.values()))
+                _, avail, avail_total = avail_cache
+            else:
+                avail, avail_total = ledger.free, ledger.total
+
+            cands = list(candidates.get(job.id, ()))
+            fitting: list[Candidate] = []
+            for i, c in enumerate(cands):
+                busy = busy_reason(c, avail)
+                if busy is None:
+                    fitting.append(c)
+                elif res is not None and long_job and busy_reason(c, ledger.free) is None:
+                    d.candidate_reasons[(job.id, i)] = (
+                        f"reserved for job {res.job_id} until {fmt_t(res.start_s)}"
+                    )
+                else:
+                    d.candidate_reasons[(job.id, i)] = busy
+            if not fitting and avail_total >= job.devices:
+                fitting = propose(job, snap, cfg, index, free=avail)
+
+            if not fitting:
+                if (
+                    res is not None
+                    and long_job
+                    and ledger.total >= job.devices
+                    and (
+                        any(busy_reason(c, ledger.free) is None for c in cands)
+                        or propose(job, snap, cfg, index, free=ledger.free)
+                    )
+                ):
+                    d.reasons[job.id] = f"reserved for job {res.job_id} until {fmt_t(res.start_s)}"
+                    continue
+                reason = devices_busy(job.devices, ledger.total)
+                if res is None:
+                    res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
+                    if res is not None:
+                        d.reservation = (res.job_id, dict(res.need), res.start_s)
+                        reason += f"; devices reserved for it from {fmt_t(res.start_s)}"
+                d.reasons[job.id] = reason
+                continue
+
+            best = min(fitting, key=candidate_key)
+            if best.transfer_cost_ms > cfg.locality_threshold_ms:
+                until = job.pending_since_s + cfg.locality_wait_s
+                if now < until:
+                    key = (job.dataset, job.ranks, job.devices_per_rank)
+                    if key not in possible:
+                        possible[key] = locality_possible(job, snap, cfg, index)
+                    if possible[key]:
+                        d.reasons[job.id] = f"waiting for locality until {fmt_t(until)}"
+                        for i, c in enumerate(cands):
+                            d.candidate_reasons.setdefault(
+                                (job.id, i),
+                                f"costs {c.transfer_cost_ms} ms > {cfg.locality_threshold_ms} ms: "
+                                f"waiting for locality until {fmt_t(until)}",
+                            )
+                        continue
+
+            ledger.take(best)
+            d.bindings[job.id] = best
+            bound_ends.append((now + job.time_limit_s, best.devices_by_node()))
+            for i, c in enumerate(cands):
+                if c is not best and (job.id, i) not in d.candidate_reasons:
+                    d.candidate_reasons[(job.id, i)] = (
+                        f"another candidate was chosen ({best.transfer_cost_ms} ms, nodes {', '.join(best.nodes)})"
+                    )
+        return d

@@ -1,0 +1,58 @@
+"""One scheduling decision: stage 1 for every pending job, then the configured arbiter (stage 2).
+
+:func:`decide` is THE function both the server's cycle and the simulator call, so they make the same
+decisions from the same snapshot.  It is pure apart from measuring its own phase durations with
+``time.perf_counter`` (reported in ``Decision.durations_s``; no decision depends on them).
+
+Phases:
+
+1. ``index``: build the per-snapshot :class:`~scheduler.stage1.Stage1Index` once;
+2. ``stage1``: :func:`~scheduler.stage1.propose` for every pending job.  Each call is independent of
+   all others, so this loop could run in a thread or process pool unchanged.  Jobs with the same
+   shape (data set, ranks, devices per rank, preferred nodes) get the same candidates but for the job
+   id, so stage 1 runs once per shape and the result is re-labelled: identical to calling it per job;
+3. ``stage2``: the arbiter named by ``cfg.arbiter`` (looked up in the registry, or the one passed in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from scheduler.placement_types import Candidate, Decision
+from scheduler.policy_config import PolicyConfig
+from scheduler.snapshot import JobView, Snapshot
+from scheduler.stage1 import build_index, propose
+
+
+def _shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
+    return (job.dataset, job.ranks, job.devices_per_rank, job.prefer_nodes)
+
+
+def _relabel(cands: list[Candidate], job_id: int) -> list[Candidate]:
+    return [c if c.job_id == job_id else dataclasses.replace(c, job_id=job_id) for c in cands]
+
+
+def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, list[Candidate]], Decision]:  # type: ignore[no-untyped-def]
+    """Stage 1 then stage 2 over ``snap``; returns (candidates by job id, the arbiter's decision).
+
+    ``arbiter`` overrides the registry lookup of ``cfg.arbiter`` (tests, benchmarks).  Raises
+    ValueError for an unknown arbiter name.  Deterministic: same snapshot and config, same result.
+    """
+    from policies.registry import get_arbiter  # policies depend on scheduler, not the reverse
+
+    arb = arbiter if arbiter is not None else get_arbiter(cfg.arbiter)
+    t0 = time.perf_counter()
+    index = build_index(snap)
+    t1 = time.perf_counter()
+    by_shape: dict[tuple[str | None, int, int, tuple[str, ...]], list[Candidate]] = {}
+    for job in snap.pending:  # independent per job: may run in parallel
+        key = _shape(job)
+        if key not in by_shape:
+            by_shape[key] = propose(job, snap, cfg, index)
+    candidates = {job.id: _relabel(by_shape[_shape(job)], job.id) for job in snap.pending}
+    t2 = time.perf_counter()
+    decision = arb.arbitrate(snap, candidates, cfg, index=index)
+    t3 = time.perf_counter()
+    decision.durations_s = {"index": t1 - t0, "stage1": t2 - t1, "stage2": t3 - t2}
+    return candidates, decision
