@@ -1,0 +1,91 @@
+"""Fair share: decay, normalisation, Slurm's classic factor, priority and queue order."""
+
+import math
+
+import pytest
+
+from scheduler.fairshare import decay, factor, normalized_shares, order_key, priority, queue_order
+from scheduler.policy_config import PolicyConfig
+from tests.builders import cluster, job
+
+DAY = 24 * 3600.0
+
+
+@pytest.mark.parametrize(
+    ("usage", "elapsed_s", "half_life_s", "expected"),
+    [
+        (100.0, 0.0, DAY, 100.0),
+        (100.0, DAY, DAY, 50.0),  # one half-life
+        (100.0, 2 * DAY, DAY, 25.0),  # two half-lives
+        (100.0, 7 * DAY, 7 * DAY, 50.0),  # the default half-life, a week
+    ],
+)
+def test_decay(usage: float, elapsed_s: float, half_life_s: float, expected: float) -> None:
+    assert decay(usage, elapsed_s, half_life_s) == pytest.approx(expected)
+
+
+def test_normalized_shares_with_default_share_for_unknown_users() -> None:
+    # a=2, b=1, c=1 -> 2/4, 1/4, 1/4
+    assert normalized_shares({"a": 2, "b": 1, "c": 1}) == {"a": 0.5, "b": 0.25, "c": 0.25}
+    # d has no entry: default share 1 -> total 5: a=2/5, b=c=d=1/5
+    assert normalized_shares({"a": 2, "b": 1, "c": 1}, ["d"])["d"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("user", "usage", "shares", "expected"),
+    [
+        # no usage at all: everybody 1.0
+        ("alice", {}, {"alice": 1, "bob": 1}, 1.0),
+        # U_norm = 30/40 = 0.75, S_norm = 0.5 -> 2^-1.5
+        ("alice", {"alice": 30, "bob": 10}, {"alice": 1, "bob": 1}, 2**-1.5),
+        # U_norm = 10/40 = 0.25, S_norm = 0.5 -> 2^-0.5
+        ("bob", {"alice": 30, "bob": 10}, {"alice": 1, "bob": 1}, 2**-0.5),
+        # usage exactly at share: U_norm = S_norm -> 0.5
+        ("alice", {"alice": 20, "bob": 10}, {"alice": 2, "bob": 1}, 0.5),
+        # carol has no shares entry: default 1 -> S_norm 1/2, U_norm 10/20 -> 0.5
+        ("carol", {"alice": 10, "carol": 10}, {"alice": 1}, 0.5),
+        # a user who used nothing gets 1.0 whatever the others did
+        ("bob", {"alice": 1000}, {"alice": 1, "bob": 1}, 1.0),
+        # zero shares and some usage: 0
+        ("bob", {"alice": 10, "bob": 10}, {"alice": 1, "bob": 0}, 0.0),
+    ],
+)
+def test_factor(user: str, usage: dict, shares: dict, expected: float) -> None:
+    assert factor(user, usage, shares) == pytest.approx(expected)
+
+
+def test_priority_combines_fairshare_and_age() -> None:
+    cfg = PolicyConfig(fairshare_weight=1000, age_weight=100, age_max_s=1000)
+    snap = cluster().usage(alice=10, bob=10).at(500).build()
+    j = job(1, user="alice", submit_s=0)
+    # factor: U_norm 0.5 / S_norm 0.5 -> 2^-1 = 0.5 -> 500; age 500/1000 -> 0.5 * 100 = 50
+    assert priority(j, snap, cfg) == pytest.approx(550)
+    # age saturates at 1.0: pending for 2000 s -> 500 + 100
+    assert priority(j, cluster().usage(alice=10, bob=10).at(2000).build(), cfg) == pytest.approx(600)
+
+
+def test_lower_usage_user_goes_first() -> None:
+    snap = (
+        cluster()
+        .usage(alice=100, bob=0)
+        .pending(job(1, user="alice", submit_s=0), job(2, user="bob", submit_s=10))
+        .at(10)
+        .build()
+    )
+    ordered, prios, factors = queue_order(snap, PolicyConfig())
+    assert [j.id for j in ordered] == [2, 1]
+    assert factors == {1: pytest.approx(2**-2), 2: 1.0}  # alice: U_norm 1 / S_norm 0.5
+    assert prios[2] > prios[1]
+
+
+def test_ties_break_by_submit_time_then_id() -> None:
+    snap = (
+        cluster()
+        .pending(job(3, submit_s=5, pending_since_s=0), job(2, submit_s=5, pending_since_s=0))
+        .pending(job(1, submit_s=9, pending_since_s=0))
+        .build()
+    )
+    ordered, _, _ = queue_order(snap, PolicyConfig())
+    assert [j.id for j in ordered] == [2, 3, 1]  # equal priority: submit 5, 5, 9; then id 2 < 3
+    assert order_key(job(7), 1.5) == (-1.5, 0.0, 7)
+    assert not math.isnan(priority(job(7), snap, PolicyConfig()))
