@@ -403,6 +403,11 @@ def build_model(num_classes: int, image_shape: tuple[int, int, int]) -> nn.Modul
     return model
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """DDP as training uses it; gradients live in the all-reduce buckets (one copy less)."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+
+
 def to_input(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
     """uint8 NHWC batch -> normalised float NCHW on ``device`` (normalising on the device is cheaper)."""
     x = x.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255.0).sub_(0.5).div_(0.25)
@@ -618,7 +623,7 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
         if rank < len(rng_states) and ckpt.get("world_size") == world_size:
             _set_rng_state(rng_states[rank])
 
-    ddp = DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    ddp = wrap_ddp(model, rt.device)
     criterion = nn.CrossEntropyLoss()
     loader_kwargs: dict[str, Any] = {"batch_size": None, "num_workers": rt.loader_workers,
                                      "pin_memory": rt.device.type == "cuda"}

@@ -1,0 +1,205 @@
+"""Stage 1: candidate placements, shard assignment, sources and costs.
+
+Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack (see builders).
+"""
+
+import pytest
+
+from scheduler.costmodel import reads_cost_ms
+from scheduler.decide import decide
+from scheduler.policy_config import PolicyConfig
+from scheduler.stage1 import build_index, infeasible_reason, missing_data_reason, propose, propose_packed
+from tests.builders import GB, cluster, job
+
+CFG = PolicyConfig(candidates_per_job=8)
+
+
+def shards_by_rank(c) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for r in c.reads:
+        out.setdefault(r.rank, []).append(r.shard)
+    return out
+
+
+def test_job_goes_where_its_shards_are() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1").holds("digits", shards=[0, 1])
+        .node("b", rack="r1")
+        .pending(job(1, ranks=2, dataset="digits"))
+        .build()
+    )  # fmt: skip
+    best = propose(snap.pending[0], snap, CFG)[0]
+    # both ranks on a (4 free devices), each reading one local shard: nothing moves
+    assert best.rank_nodes == ("a", "a")
+    assert (best.transfer_bytes, best.transfer_cost_ms) == (0, 0)
+    assert best.local_fraction == 1.0
+
+
+def test_ranks_follow_the_data_across_nodes() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1").holds("d", shards=[0, 1])
+        .node("b", rack="r2").holds("d", shards=[2, 3])
+        .node("c", rack="r1")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    cands = propose(snap.pending[0], snap, CFG)
+    best = cands[0]
+    # one rank on a reading 0,1 and one on b reading 2,3: all local, cost 0
+    assert best.rank_nodes == ("a", "b")
+    assert shards_by_rank(best) == {0: [0, 1], 1: [2, 3]}
+    assert best.transfer_cost_ms == 0
+    # every other candidate costs more, and they come cheapest first
+    assert [c.transfer_cost_ms for c in cands] == sorted(c.transfer_cost_ms for c in cands)
+    assert len({c.rank_nodes for c in cands}) == len(cands)  # no duplicates
+
+
+def test_each_rank_gets_floor_or_ceil_of_the_shards() -> None:
+    snap = (
+        cluster().node("a").holds("d", shards=[0, 1, 2, 3, 4]).pending(job(1, ranks=2, dataset="d")).build()
+    )
+    best = propose(snap.pending[0], snap, CFG)[0]
+    # 5 shards over 2 ranks: 3 and 2
+    assert sorted(len(s) for s in shards_by_rank(best).values()) == [2, 3]
+    assert sorted(r.shard for r in best.reads) == [0, 1, 2, 3, 4]
+
+
+def test_more_ranks_than_shards_leaves_some_ranks_without_shards() -> None:
+    snap = cluster().node("a").holds("d", shards=[0]).pending(job(1, ranks=3, dataset="d")).build()
+    best = propose(snap.pending[0], snap, CFG)[0]
+    assert len(best.reads) == 1 and best.transfer_cost_ms == 0
+
+
+def test_missing_shards_come_from_the_cheapest_replica() -> None:
+    snap = (
+        cluster()
+        .node("far", rack="r2", free=0).holds("d", shards=[0])
+        .node("near", rack="r1", free=0).holds("d", shards=[0])
+        .node("dest", rack="r1")
+        .pending(job(1, ranks=1, dataset="d"))
+        .build()
+    )  # fmt: skip
+    (best,) = propose(snap.pending[0], snap, CFG)
+    # only dest is free; staging from near (same rack) costs 320 ms, from far 800 ms
+    assert best.reads[0].source == "near"
+    assert (best.transfer_bytes, best.transfer_cost_ms) == (GB, 320)
+
+
+def test_equal_sources_tie_by_name() -> None:
+    snap = (
+        cluster()
+        .node("y", rack="r1", free=0).holds("d", shards=[0])
+        .node("x", rack="r1", free=0).holds("d", shards=[0])
+        .node("dest", rack="r1")
+        .pending(job(1, dataset="d"))
+        .build()
+    )  # fmt: skip
+    assert propose(snap.pending[0], snap, CFG)[0].reads[0].source == "x"
+
+
+def test_job_without_data_reads_nothing_and_costs_nothing() -> None:
+    snap = cluster().node("a").node("b").pending(job(1, ranks=6)).build()
+    cands = propose(snap.pending[0], snap, CFG)
+    assert cands and all(c.reads == () and c.transfer_cost_ms == 0 for c in cands)
+    # fewest nodes first among equal costs: 6 ranks on a (4) + b (2)
+    assert cands[0].devices_by_node() == {"a": 4, "b": 2}
+
+
+def test_only_free_devices_and_whole_ranks() -> None:
+    snap = (
+        cluster()
+        .node("a", devices=4, free=3)
+        .node("b", devices=4, free=1)
+        .pending(job(1, ranks=2, devices_per_rank=2), job(2, ranks=3, devices_per_rank=2))
+        .build()
+    )
+    # a fits one 2-device rank (3 free), b none: 2 ranks do not fit now
+    assert propose(snap.pending[0], snap, CFG) == []
+    idx = build_index(snap)
+    assert infeasible_reason(snap.pending[0], idx) is None  # but they will once devices free up
+
+
+@pytest.mark.parametrize(
+    ("the_job", "reason"),
+    [
+        (job(1, ranks=11), "more devices than the cluster has: needs 11, the cluster has 10"),
+        (job(1, devices_per_rank=5), "each rank needs 5 devices on one node; the largest node has 4"),
+        (
+            job(1, ranks=3, devices_per_rank=3),  # 9 <= 10 devices, but a, b fit one rank each, c none
+            "3 ranks of 3 devices do not fit on the cluster's nodes (at most 2 such ranks)",
+        ),
+    ],
+)
+def test_jobs_that_can_never_run(the_job, reason: str) -> None:
+    snap = cluster().node("a").node("b").node("c", devices=2).pending(the_job).build()
+    assert infeasible_reason(the_job, build_index(snap)) == reason
+    assert propose(the_job, snap, CFG) == []
+
+
+def test_missing_data_is_reported() -> None:
+    snap = cluster().node("a").dataset("d", shards=2).pending(job(1, dataset="d")).build()
+    assert missing_data_reason(snap.pending[0], snap, build_index(snap)) == (
+        "data set 'd': 2 shard(s) have no copy on a live node (first: shard 0)"
+    )
+    assert propose(snap.pending[0], snap, CFG) == []
+
+
+def test_at_most_k_candidates() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1").holds("d", shards=[0])
+        .node("b", rack="r2").holds("d", shards=[1])
+        .nodes("c", "e", "f", rack="r3")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    assert len(propose(snap.pending[0], snap, PolicyConfig(candidates_per_job=2))) == 2
+    assert len(propose(snap.pending[0], snap, PolicyConfig(candidates_per_job=1))) == 1
+
+
+def test_free_override_and_recorded_cost_matches_cost_model() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=0).holds("d", shards=[0, 1])
+        .node("b", rack="r2").holds("d", shards=[2])
+        .node("c", rack="r1")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    j = snap.pending[0]
+    racks = {n: v.rack for n, v in snap.nodes.items()}
+    for c in propose(j, snap, CFG):
+        assert c.transfer_cost_ms == reads_cost_ms(c.reads, racks, CFG)
+        assert "a" not in c.nodes
+    # over all devices (a idle), a placement reading everything locally on a and b exists
+    idx = build_index(snap)
+    assert propose(j, snap, CFG, idx, free=dict(idx.devices))[0].transfer_cost_ms == 0
+
+
+def test_packed_placement_ignores_data() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=2).holds("d", shards=[0, 1])
+        .node("b", rack="r2")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    c = propose_packed(snap.pending[0], snap, CFG)
+    # most free first: b (4 free) takes both ranks; both shards cross racks: 2 x 800 ms
+    assert c is not None and c.rank_nodes == ("b", "b") and c.transfer_cost_ms == 1600
+
+
+def test_decide_shares_stage1_work_between_jobs_of_one_shape() -> None:
+    snap = (
+        cluster()
+        .node("a").holds("d", shards=[0, 1])
+        .node("b")
+        .pending(job(1, ranks=2, dataset="d"), job(2, ranks=2, dataset="d"), job(3, ranks=1))
+        .build()
+    )  # fmt: skip
+    cands, _ = decide(snap, CFG)
+    idx = build_index(snap)
+    for j in snap.pending:
+        assert cands[j.id] == propose(j, snap, CFG, idx)
