@@ -211,8 +211,8 @@ def _imagefolder(spec: str, path: str, size: int = 32) -> Source:
         fpath, label = files[i]
         try:
             with Image.open(fpath) as im:
-                im = im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-                return np.asarray(im, dtype=np.uint8), label
+                rgb = im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+                return np.asarray(rgb, dtype=np.uint8), label
         except OSError as exc:
             raise SourceError(f"source {spec!r}: cannot read image {fpath}: {exc}") from exc
 

@@ -165,8 +165,16 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
     """Validate a rank spec dict (see the module docstring); raise SpecError naming the field."""
     if not isinstance(raw, dict):
         raise SpecError("rank spec must be a JSON object")
-    top = {"job_id", "shards", "train", "num_classes", "checkpoint_dir", "metrics_path", "resume_from",
-           "stop_after_epochs"}
+    top = {
+        "job_id",
+        "shards",
+        "train",
+        "num_classes",
+        "checkpoint_dir",
+        "metrics_path",
+        "resume_from",
+        "stop_after_epochs",
+    }
     unknown = set(raw) - top
     if unknown:
         raise SpecError(f"unknown rank spec field(s): {', '.join(sorted(unknown))}")
@@ -179,7 +187,9 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
     names = {f.name for f in fields(TrainConfig)}
     unknown = set(train_raw) - names
     if unknown:
-        raise SpecError(f"unknown train field(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+        raise SpecError(
+            f"unknown train field(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}"
+        )
     for key in ("epochs", "batch_size", "lr"):
         if key not in train_raw:
             raise SpecError(f"train.{key} is required")
@@ -196,15 +206,25 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
     need(is_int(cfg.batch_size) and cfg.batch_size >= 1, "batch_size", "an integer >= 1")
     need(isinstance(cfg.lr, int | float) and cfg.lr > 0, "lr", "a number > 0")
     need(is_int(cfg.grad_accum_steps) and cfg.grad_accum_steps >= 1, "grad_accum_steps", "an integer >= 1")
-    need(isinstance(cfg.warmup_epochs, int | float) and cfg.warmup_epochs >= 0, "warmup_epochs", "a number >= 0")
-    need(cfg.loader_workers == "auto" or (is_int(cfg.loader_workers) and cfg.loader_workers >= 0),
-         "loader_workers", '"auto" or an integer >= 0')
+    need(
+        isinstance(cfg.warmup_epochs, int | float) and cfg.warmup_epochs >= 0,
+        "warmup_epochs",
+        "a number >= 0",
+    )
+    need(
+        cfg.loader_workers == "auto" or (is_int(cfg.loader_workers) and int(cfg.loader_workers) >= 0),
+        "loader_workers",
+        '"auto" or an integer >= 0',
+    )
     need(is_int(cfg.eval_every) and cfg.eval_every >= 1, "eval_every", "an integer >= 1")
     need(is_int(cfg.seed), "seed", "an integer")
     need(cfg.channels_last in ("auto", True, False), "channels_last", '"auto", true or false')
     need(isinstance(cfg.hflip, bool), "hflip", "true or false")
-    need(cfg.crop_padding == "auto" or (is_int(cfg.crop_padding) and cfg.crop_padding >= 0),
-         "crop_padding", '"auto" or an integer >= 0')
+    need(
+        cfg.crop_padding == "auto" or (is_int(cfg.crop_padding) and int(cfg.crop_padding) >= 0),
+        "crop_padding",
+        '"auto" or an integer >= 0',
+    )
     need(isinstance(cfg.momentum, int | float) and 0 <= cfg.momentum < 1, "momentum", "in [0, 1)")
     need(isinstance(cfg.weight_decay, int | float) and cfg.weight_decay >= 0, "weight_decay", ">= 0")
     for name, allowed in _CHOICES.items():
@@ -297,8 +317,16 @@ class ShardStream(IterableDataset):
     epoch's iterator is created.
     """
 
-    def __init__(self, shards: list[str], batch_size: int, train: bool, seed: int, rank: int,
-                 hflip: bool = True, crop_padding: int = 1) -> None:
+    def __init__(
+        self,
+        shards: list[str],
+        batch_size: int,
+        train: bool,
+        seed: int,
+        rank: int,
+        hflip: bool = True,
+        crop_padding: int = 1,
+    ) -> None:
         self.shards = list(shards)
         self.batch_size = batch_size
         self.train = train
@@ -311,7 +339,9 @@ class ShardStream(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _samples(self, worker: int, workers: int, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, int]]:
+    def _samples(
+        self, worker: int, workers: int, rng: np.random.Generator
+    ) -> Iterator[tuple[np.ndarray, int]]:
         order = list(range(len(self.shards)))
         if self.train:
             rng.shuffle(order)
@@ -335,7 +365,7 @@ class ShardStream(IterableDataset):
         if p:
             padded = np.pad(img, ((p, p), (p, p), (0, 0)))
             y, x = rng.integers(0, 2 * p + 1, size=2)
-            img = padded[y:y + h, x:x + w]
+            img = padded[y : y + h, x : x + w]
         if self.hflip and rng.random() < 0.5:
             img = img[:, ::-1]
         return img
@@ -405,7 +435,9 @@ def build_model(num_classes: int, image_shape: tuple[int, int, int]) -> nn.Modul
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
     """DDP as training uses it; gradients live in the all-reduce buckets (one copy less)."""
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+    return DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+    )
 
 
 def to_input(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
@@ -414,8 +446,12 @@ def to_input(x: torch.Tensor, device: torch.device, channels_last: bool) -> torc
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
-def backward_accumulated(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                         criterion: Callable[..., torch.Tensor], autocast: Callable[[], Any]) -> torch.Tensor:
+def backward_accumulated(
+    model: nn.Module,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    criterion: Callable[..., torch.Tensor],
+    autocast: Callable[[], Any],
+) -> torch.Tensor:
     """Forward and backward over ``micro_batches``, gradients averaged as one batch; returns the mean loss.
 
     The caller zeroes the gradients before and steps the optimizer after.  On a DDP model, every
@@ -552,8 +588,15 @@ def evaluate(model: nn.Module, stream: ShardStream, rt: Runtime) -> tuple[float,
     return float(correct.item()), float(count)
 
 
-def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_rank: int = 0,
-          local_world_size: int = 1, stop_event: threading.Event | None = None) -> dict[str, Any]:
+def train(
+    spec: RankSpec | dict[str, Any],
+    rank: int,
+    world_size: int,
+    *,
+    local_rank: int = 0,
+    local_world_size: int = 1,
+    stop_event: threading.Event | None = None,
+) -> dict[str, Any]:
     """Run (or resume) training for this rank inside an already-initialised default process group.
 
     All ranks must call it with specs that differ only in ``shards``.  Returns a summary:
@@ -577,9 +620,11 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
     # Every rank must agree on the image shape: exchange it (a rank with empty shards sends zeros).
     local_shape = next(iter(shapes)) if shapes else (0, 0, 0)
     all_shapes = _allreduce([float(v) for v in local_shape], dist.ReduceOp.MAX, rt.device)
-    image_shape = tuple(int(v) for v in all_shapes)
+    image_shape = (int(all_shapes[0]), int(all_shapes[1]), int(all_shapes[2]))
     if shapes and image_shape != local_shape or 0 in image_shape:
-        raise SpecError(f"ranks disagree on the image shape or hold no samples: {local_shape} vs {image_shape}")
+        raise SpecError(
+            f"ranks disagree on the image shape or hold no samples: {local_shape} vs {image_shape}"
+        )
 
     pad = max(1, image_shape[0] // 8) if cfg.crop_padding == "auto" else int(cfg.crop_padding)
     train_ds = ShardStream(spec.shards, cfg.batch_size, True, cfg.seed, rank, cfg.hflip, pad)
@@ -597,10 +642,12 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
     if rt.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     peak_lr = scaled_lr(cfg.lr, world_size, cfg.batch_size, cfg.grad_accum_steps, cfg.lr_scaling)
-    optimizer = torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=peak_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
+        optimizer, lambda s: lr_factor(s, steps_per_epoch, cfg.epochs, cfg.warmup_epochs)
+    )
     _seed_all(cfg.seed * 1000 + rank + 1)  # per-rank streams from here on
 
     start_epoch = 0
@@ -625,8 +672,11 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
 
     ddp = wrap_ddp(model, rt.device)
     criterion = nn.CrossEntropyLoss()
-    loader_kwargs: dict[str, Any] = {"batch_size": None, "num_workers": rt.loader_workers,
-                                     "pin_memory": rt.device.type == "cuda"}
+    loader_kwargs: dict[str, Any] = {
+        "batch_size": None,
+        "num_workers": rt.loader_workers,
+        "pin_memory": rt.device.type == "cuda",
+    }
     if rt.loader_workers > 0:
         loader_kwargs["prefetch_factor"] = 4
     check_every = 1 if rt.device.type == "cpu" else 10
@@ -672,8 +722,10 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
             torch.cuda.synchronize()
         epoch_s = time.perf_counter() - t0
         loss_total, images_total, wait_frac_sum, wait_total = _allreduce(
-            [float(loss_sum.item()), float(images), wait_s / max(epoch_s, 1e-9), wait_s], dist.ReduceOp.SUM,
-            rt.device)
+            [float(loss_sum.item()), float(images), wait_s / max(epoch_s, 1e-9), wait_s],
+            dist.ReduceOp.SUM,
+            rt.device,
+        )
         (epoch_s_max,) = _allreduce([epoch_s], dist.ReduceOp.MAX, rt.device)
 
         accuracy = None
@@ -701,34 +753,47 @@ def train(spec: RankSpec | dict[str, Any], rank: int, world_size: int, *, local_
         }
         history.append(record)
         metrics.write("epoch", **record)
-        _save_checkpoint(spec, rank, world_size, epoch + 1, model, optimizer, scheduler, steps_per_epoch,
-                         history, metrics)
+        _save_checkpoint(
+            spec, rank, world_size, epoch + 1, model, optimizer, scheduler, steps_per_epoch, history, metrics
+        )
         last_epoch_done = epoch + 1
     metrics.write("done", epoch=last_epoch_done, stopped=stopped)
     return {"epochs_done": last_epoch_done, "stopped": stopped, "history": history}
 
 
-def _save_checkpoint(spec: RankSpec, rank: int, world_size: int, epoch: int, model: nn.Module,
-                     optimizer: torch.optim.Optimizer, scheduler: Any, steps_per_epoch: int,
-                     history: list[dict[str, Any]], metrics: MetricsWriter) -> None:
+def _save_checkpoint(
+    spec: RankSpec,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    steps_per_epoch: int,
+    history: list[dict[str, Any]],
+    metrics: MetricsWriter,
+) -> None:
     """Collective: every rank sends its RNG state; rank 0 writes ``epoch-NNNN.pt`` atomically."""
     states: list[Any] = [None] * world_size
     dist.all_gather_object(states, _rng_state())
     if rank == 0:
         path = Path(spec.checkpoint_dir) / f"epoch-{epoch:04d}.pt"
-        size = _atomic_torch_save({
-            "format": CHECKPOINT_FORMAT,
-            "job_id": spec.job_id,
-            "epoch": epoch,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "sampler": {"epoch": epoch, "batch": 0},
-            "steps_per_epoch": steps_per_epoch,
-            "world_size": world_size,
-            "rng": states,
-            "history": history,
-        }, path)
+        size = _atomic_torch_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "job_id": spec.job_id,
+                "epoch": epoch,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "sampler": {"epoch": epoch, "batch": 0},
+                "steps_per_epoch": steps_per_epoch,
+                "world_size": world_size,
+                "rng": states,
+                "history": history,
+            },
+            path,
+        )
         metrics.write("checkpoint", epoch=epoch, path=str(path), bytes=size)
     dist.barrier()
 
@@ -774,11 +839,17 @@ def main(argv: list[str] | None = None) -> int:
         from datetime import timedelta
 
         timeout_s = float(os.environ.get("GSCHED_PG_TIMEOUT_S", "600"))
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
-                                **({"device_id": rt.device} if backend == "nccl" else {}))
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=rt.device if backend == "nccl" else None,
+        )
         initialised = True
-        result = train(spec, rank, world_size, local_rank=local_rank, local_world_size=local_world_size,
-                       stop_event=stop)
+        result = train(
+            spec, rank, world_size, local_rank=local_rank, local_world_size=local_world_size, stop_event=stop
+        )
         return 143 if result["stopped"] else 0
     except SpecError as exc:
         print(f"resnet_ddp rank {rank}: {exc}", file=sys.stderr)

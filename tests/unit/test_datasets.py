@@ -71,7 +71,9 @@ def test_same_seed_same_bytes_other_seed_other_order(tmp_path):
 
 def test_progress_reports_start_and_end(tmp_path):
     calls = []
-    make_shards("synthetic:samples=600,size=4,classes=2", tmp_path, "p", 2, progress=lambda d, t: calls.append((d, t)))
+    make_shards(
+        "synthetic:samples=600,size=4,classes=2", tmp_path, "p", 2, progress=lambda d, t: calls.append((d, t))
+    )
     # Start, every 256 samples, end.
     assert calls == [(0, 600), (256, 600), (512, 600), (600, 600)]
 

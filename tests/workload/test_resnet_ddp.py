@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from agents.datasets import make_shards
-from agents.shardfile import shard_path
+from agents.shardfile import iter_shard, shard_path
 from agents.workloads.resnet_ddp import REFERENCE_BATCH, lr_factor, scaled_lr
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +35,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(tmp: Path, data_dir: Path, dataset: str, n_shards: int, world: int, train: dict,
-                num_classes: int, name: str, **top) -> list[subprocess.Popen]:
+def start_ranks(
+    tmp: Path,
+    data_dir: Path,
+    dataset: str,
+    n_shards: int,
+    world: int,
+    train: dict,
+    num_classes: int,
+    name: str,
+    **top,
+) -> list[subprocess.Popen]:
     """Start ``world`` rank processes; rank r reads shards r, r+world, ...; files go under tmp/name."""
     run = tmp / name
     run.mkdir(parents=True, exist_ok=True)
@@ -54,12 +63,28 @@ def start_ranks(tmp: Path, data_dir: Path, dataset: str, n_shards: int, world: i
             **top,
         }
         (run / f"rank{r}.json").write_text(json.dumps(spec))
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r),
-                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GSCHED_THREADS="1",
-                   PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(run / f"rank{r}.json")],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            GSCHED_THREADS="1",
+            PYTHONPATH=str(REPO),
+            CUDA_VISIBLE_DEVICES="",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(run / f"rank{r}.json")],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -141,7 +166,9 @@ def _accum_rank(rank: int, world: int, store: str, out: str) -> None:
     # batch (a real property of accumulation, documented), which is not what this test is about.
     base.eval()
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
-    x = to_input(torch.randint(0, 256, (16, 8, 8, 3), dtype=torch.uint8, generator=g), torch.device("cpu"), False)
+    x = to_input(
+        torch.randint(0, 256, (16, 8, 8, 3), dtype=torch.uint8, generator=g), torch.device("cpu"), False
+    )
     y = torch.randint(0, 4, (16,), generator=g)
     result = {}
     for accum in (1, 2):
@@ -157,17 +184,26 @@ def _accum_rank(rank: int, world: int, store: str, out: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         opt.zero_grad(set_to_none=True)
         micro = [(x, y)] if accum == 1 else [(x[:8], y[:8]), (x[8:], y[8:])]
-        loss = backward_accumulated(ddp, micro, nn.CrossEntropyLoss(), lambda: torch.autocast("cpu", enabled=False))
+        loss = backward_accumulated(
+            ddp, micro, nn.CrossEntropyLoss(), lambda: torch.autocast("cpu", enabled=False)
+        )
         grads = torch.cat([p.grad.flatten().clone() for p in model.parameters()])
         opt.step()
         params = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
-        result[accum] = {"loss": loss.item(), "grads": grads, "params": params, "allreduce_calls": state["calls"]}
+        result[accum] = {
+            "loss": loss.item(),
+            "grads": grads,
+            "params": params,
+            "allreduce_calls": state["calls"],
+        }
     torch.save(result, f"{out}.{rank}")
     dist.destroy_process_group()
 
 
 def test_grad_accum_two_half_batches_equal_one_full_batch(tmp_path):
-    torch.multiprocessing.spawn(_accum_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    torch.multiprocessing.spawn(
+        _accum_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2
+    )
     r0, r1 = (torch.load(tmp_path / f"out.{r}", weights_only=False) for r in (0, 1))
     for r in (r0, r1):
         assert r[2]["loss"] == pytest.approx(r[1]["loss"], rel=1e-5)
@@ -194,7 +230,8 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
     assert [m["epoch"] for m in epochs_of(first)] == [1]
     ckpt = tmp_path / "cut" / "ckpt" / "epoch-0001.pt"
     assert {"type": "checkpoint", "epoch": 1, "path": str(ckpt)}.items() <= next(
-        m for m in first if m["type"] == "checkpoint").items()
+        m for m in first if m["type"] == "checkpoint"
+    ).items()
     rest = epochs_of(run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "cut2", resume_from=str(ckpt)))
     assert [m["epoch"] for m in rest] == [2]
     resumed = epochs_of(first) + rest
@@ -207,7 +244,9 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
     for k, v in final_a["model"].items():
         torch.testing.assert_close(final_b["model"][k], v, rtol=1e-6, atol=1e-7)
     assert len(final_a["rng"]) == 2  # every rank's RNG state is kept
-    assert final_b["history"] == [{k: v for k, v in m.items() if k not in ("type", "job_id", "time")} for m in resumed]
+    assert final_b["history"] == [
+        {k: v for k, v in m.items() if k not in ("type", "job_id", "time")} for m in resumed
+    ]
 
 
 def test_sigterm_stops_every_rank_cleanly(tmp_path):
@@ -248,3 +287,32 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
         assert m["images_per_s_rank"] == pytest.approx(m["images_per_s"] / 2)
     assert [m["epoch"] for m in lines if m["type"] == "checkpoint"] == [1, 2, 3]
     assert all(m["bytes"] > 0 and Path(m["path"]).exists() for m in lines if m["type"] == "checkpoint")
+
+
+# ------------------------------------------------------------------------------------------- input
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_stream_yields_the_counted_batches_of_training_samples_only(tmp_path, workers):
+    from torch.utils.data import DataLoader
+
+    from agents.workloads.resnet_ddp import ShardStream, count_samples, split_counts
+
+    # 2 shards of 120: positions 0, 10, ..., 110 held out (12 each) -> 108 training samples per shard.
+    make_shards(TINY, tmp_path, "tiny", 2, seed=0)
+    paths = [str(shard_path(tmp_path, "tiny", i)) for i in range(2)]
+    counts = [split_counts(count_samples(p)[0])[0] for p in paths]
+    assert counts == [108, 108]
+    stream = ShardStream(paths, 10, train=True, seed=1, rank=0, crop_padding=0, hflip=False)
+    stream.set_epoch(3)
+    batches = list(DataLoader(stream, batch_size=None, num_workers=workers))
+    # 0 or 1 worker: 216 // 10 = 21; 2 workers, a shard each: 2 * (108 // 10) = 20;
+    # 3 workers over 2 shards split by sample: 72 each -> 3 * 7 = 21.
+    assert len(batches) == stream.batches_per_epoch(counts, workers) == {0: 21, 1: 21, 2: 20, 3: 21}[workers]
+    seen = [bytes(img.numpy().tobytes()) for x, _ in batches for img in x]
+    assert len(seen) == len(set(seen))  # no sample twice
+    held = {pixels for p in paths for pos, (pixels, _, _) in enumerate(iter_shard(p)) if pos % 10 == 0}
+    assert not held & set(seen)
+    evaluation = ShardStream(paths, 10, train=False, seed=1, rank=0)
+    assert sum(len(y) for _, y in evaluation) == 24
