@@ -3,7 +3,10 @@
 The network (integer costs, networkx ``network_simplex``):
 
 - each pending job ``j`` with candidates supplies ``D_j`` units, one per device it needs;
-- ``j -> candidate c`` (capacity ``D_j``, cost per unit ``ceil(cost_weight * transfer_cost_ms(c) / D_j)``);
+- ``j -> candidate c`` (capacity ``D_j``, cost per unit
+  ``ceil(cost_weight * transfer_cost_ms(c) * (1 + priority_j / max priority) / D_j)``): staging data
+  for a higher-priority job weighs more, so when jobs compete for the nodes holding their data, the
+  higher-priority one gets the cheap placement;
 - ``c -> node n`` (capacity: the devices ``c`` uses on ``n``, cost 0);
 - ``node n -> sink`` (capacity: free devices of ``n``, cost 0);
 - ``j -> sink`` directly, "unscheduled" (capacity ``D_j``, cost per unit ``M + round(10 * priority)``
@@ -48,9 +51,11 @@ def solve_flow(
     import networkx as nx  # lazily: only this arbiter needs it
 
     unit: dict[tuple[int, int], int] = {}
+    top = max((prios[j.id] for j in jobs), default=0.0)
     for job in jobs:
+        weight = 1.0 + (prios[job.id] / top if top > 0 else 0.0)
         for i, c in enumerate(candidates.get(job.id, ())):
-            unit[(job.id, i)] = -(-round(cfg.cost_weight * c.transfer_cost_ms) // job.devices)
+            unit[(job.id, i)] = -(-round(cfg.cost_weight * c.transfer_cost_ms * weight) // job.devices)
     big_m = max(unit.values(), default=0) + 1
     g = nx.DiGraph()
     total = 0

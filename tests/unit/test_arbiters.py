@@ -1,0 +1,244 @@
+"""Stage 2: the arbiters, driven through decide() on small clusters.
+
+Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack (see builders).
+"""
+
+import pytest
+
+from policies.registry import ARBITERS, get_arbiter
+from scheduler.decide import decide
+from scheduler.policy_config import PolicyConfig
+from tests.builders import cluster, job
+
+NO_WAIT = PolicyConfig(locality_wait_s=0)
+
+
+def bound_nodes(decision) -> dict[int, dict[str, int]]:
+    return {j: c.devices_by_node() for j, c in decision.bindings.items()}
+
+
+def test_job_whose_shards_sit_on_a_goes_to_a_when_a_is_free() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1").holds("digits", shards=[0, 1])
+        .node("b", rack="r1")
+        .pending(job(1, ranks=2, dataset="digits"))
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, PolicyConfig())
+    assert bound_nodes(d) == {1: {"a": 2}}
+    assert d.bindings[1].transfer_cost_ms == 0
+
+
+def test_cheaper_of_two_placements_wins() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=0).holds("d", shards=[0])
+        .node("b", rack="r1", devices=1)
+        .node("c", rack="r2", devices=2)
+        .pending(job(1, dataset="d"))
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, NO_WAIT)
+    # a is busy; b stages from a in the rack (320 ms), c across racks (800 ms): b wins
+    # (although c has more free devices)
+    assert bound_nodes(d) == {1: {"b": 1}}
+    assert d.bindings[1].transfer_cost_ms == 320
+
+
+def test_lower_usage_user_goes_first() -> None:
+    snap = (
+        cluster()
+        .node("a", devices=1)
+        .usage(alice=100.0, bob=0.0)
+        .pending(job(1, user="alice", submit_s=0), job(2, user="bob", submit_s=5))
+        .at(5)
+        .build()
+    )
+    _, d = decide(snap, PolicyConfig())
+    # alice: U_norm 1, S_norm 0.5 -> 2^-2 = 0.25; bob: no usage -> 1.0
+    assert d.order == [2, 1]
+    assert d.factors == {1: 0.25, 2: 1.0}
+    assert bound_nodes(d) == {2: {"a": 1}}
+    # alice's job is next: reserved from when bob's ends by its time limit (5 + 3600)
+    assert d.reasons == {1: "devices busy: needs 1, 0 free; devices reserved for it from t=3605s"}
+
+
+def locality_snapshot(now_s: float):
+    # The data sits on a, which is busy; b (same rack) is free.  Pending since t=100, wait 30 s.
+    return (
+        cluster()
+        .node("a", rack="r1", free=0).holds("d", shards=[0])
+        .node("b", rack="r1")
+        .running(9, "carol", {"a": 4}, end_by_s=10_000)
+        .pending(job(1, dataset="d", submit_s=100))
+        .at(now_s)
+        .build()
+    )  # fmt: skip
+
+
+def test_locality_wait_holds_the_job_until_one_second_before_the_deadline() -> None:
+    _, d = decide(locality_snapshot(129), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    assert d.bindings == {}
+    assert d.reasons == {1: "waiting for locality until t=130s"}
+
+
+def test_locality_wait_expires_exactly_when_configured() -> None:
+    _, d = decide(locality_snapshot(130), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    # at pending_since + wait = 130 it takes the costlier placement: b, staging from a (320 ms)
+    assert bound_nodes(d) == {1: {"b": 1}}
+    assert d.bindings[1].transfer_cost_ms == 320
+
+
+def test_no_wait_when_the_cost_is_under_the_threshold() -> None:
+    _, d = decide(locality_snapshot(100), PolicyConfig(locality_wait_s=30, locality_threshold_ms=320))
+    assert bound_nodes(d) == {1: {"b": 1}}
+
+
+def test_no_wait_when_the_data_holders_could_never_do_better() -> None:
+    # the only copy is on a node without devices big enough: waiting would gain nothing
+    snap = (
+        cluster()
+        .node("a", rack="r1", devices=1, free=0).holds("d", shards=[0])
+        .node("b", rack="r1")
+        .pending(job(1, dataset="d", devices_per_rank=2, submit_s=100))
+        .at(100)
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, PolicyConfig(locality_wait_s=30))
+    assert bound_nodes(d) == {1: {"b": 2}}
+
+
+def big_gang_snapshot(now_s: float, n1_free: int):
+    # n1 and n2 have 4 devices each; job 9 holds all of n1 until t=1000.
+    # Job 1 (8 devices, oldest, so highest priority) cannot start before 1000.
+    # Job 2 (4 devices, runs one hour) would take n2 and delay job 1 to t=3602.
+    # Job 3 (4 devices, 500 s limit) ends at 502 < 1000: it may backfill.
+    b = (
+        cluster()
+        .node("n1", free=n1_free)
+        .node("n2")
+        .pending(
+            job(1, ranks=8, submit_s=0),
+            job(2, ranks=4, submit_s=1),
+            job(3, ranks=4, submit_s=2, time_limit_s=500),
+        )
+        .at(now_s)
+    )
+    if n1_free == 0:
+        b.running(9, "carol", {"n1": 4}, end_by_s=1000)
+    return b.build()
+
+
+def test_reserved_big_gang_starts_before_later_small_jobs_that_would_delay_it() -> None:
+    _, d = decide(big_gang_snapshot(2, n1_free=0), PolicyConfig())
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert d.reasons[1] == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
+    assert d.reasons[2] == "reserved for job 1 until t=1000s"
+    assert bound_nodes(d) == {3: {"n2": 4}}  # backfilled: ends at 2 + 500 = 502 <= 1000
+    # At t=1000 job 9 and job 3 are gone: the big gang starts first, job 2 still waits.
+    _, d = decide(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
+    assert bound_nodes(d) == {1: {"n1": 4, "n2": 4}}
+    # job 2 is now the first that does not fit: it gets the reservation, from 1000 + 3600
+    assert d.reasons[2] == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
+
+
+def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
+    snap = (
+        cluster()
+        .node("n1", free=0)
+        .node("n2")
+        .node("n3", devices=2)
+        .running(9, "carol", {"n1": 4}, end_by_s=1000)
+        .pending(job(1, ranks=8, submit_s=0), job(2, ranks=2, submit_s=1))
+        .at(2)
+        .build()
+    )
+    _, d = decide(snap, PolicyConfig())
+    # job 1 needs 8 of n1+n2 (fewest nodes; n3 is too small to matter): reserved n1, n2 from t=1000.
+    # job 2 runs an hour but fits on n3, outside the reservation.
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert bound_nodes(d) == {2: {"n3": 2}}
+
+
+def test_never_a_partial_gang() -> None:
+    snap = cluster().node("a", free=2).node("b", free=0).pending(job(1, ranks=3)).build()
+    for name in ARBITERS:
+        _, d = decide(snap, PolicyConfig(arbiter=name))
+        assert d.bindings == {}, name
+        assert d.reasons[1] == "devices busy: needs 3, 2 free", name
+
+
+def test_a_job_bigger_than_the_cluster_says_so() -> None:
+    snap = cluster().node("a").pending(job(1, ranks=5)).build()
+    for name in ARBITERS:
+        _, d = decide(snap, PolicyConfig(arbiter=name))
+        assert d.reasons[1] == "more devices than the cluster has: needs 5, the cluster has 4", name
+
+
+def test_jobs_whose_candidates_collide_are_placed_elsewhere() -> None:
+    # both jobs' stage-1 candidates prefer a; the second is re-proposed over what is left
+    snap = (
+        cluster()
+        .node("a", devices=2).holds("d", shards=[0])
+        .node("b", devices=2)
+        .pending(job(1, ranks=2, dataset="d"), job(2, ranks=2, dataset="d", submit_s=1))
+        .at(1)
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, NO_WAIT)
+    assert bound_nodes(d) == {1: {"a": 2}, 2: {"b": 2}}
+
+
+def test_fifo_stops_at_a_head_that_does_not_fit() -> None:
+    snap = (
+        cluster().node("a", free=2).pending(job(1, ranks=4, submit_s=0), job(2, ranks=1, submit_s=1)).build()
+    )
+    _, d = decide(snap, PolicyConfig(arbiter="fifo"))
+    assert d.bindings == {}
+    assert d.reasons == {1: "devices busy: needs 4, 2 free", 2: "behind job 1 in the FIFO queue"}
+
+
+def test_fairshare_baseline_ignores_data() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=2).holds("d", shards=[0, 1])
+        .node("b", rack="r2")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, PolicyConfig(arbiter="fairshare"))
+    # b has the most free devices: both ranks there, both shards across racks (2 x 800 ms)
+    assert bound_nodes(d) == {1: {"b": 2}}
+    assert d.bindings[1].transfer_cost_ms == 1600
+    _, d = decide(snap, NO_WAIT)  # the default keeps them with the data
+    assert bound_nodes(d) == {1: {"a": 2}}
+
+
+def test_flow_prefers_cheap_placements_and_higher_priority_under_contention() -> None:
+    snap = (
+        cluster()
+        .node("a", rack="r1", devices=1).holds("d", shards=[0])
+        .node("c", rack="r2", devices=1)
+        .usage(alice=50.0, bob=0.0)
+        .pending(job(1, user="alice", dataset="d"), job(2, user="bob", dataset="d", submit_s=1))
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, PolicyConfig(arbiter="flow"))
+    # both want a (0 ms vs 800 ms on c).  Priorities: bob 1000 (factor 1.0), alice 250 (0.25), so
+    # staging weighs 2x for bob and 1.25x for alice: bob on c costs 1600, alice on c 1000 -> bob gets a
+    assert bound_nodes(d) == {2: {"a": 1}, 1: {"c": 1}}
+
+
+def test_registry_lists_valid_names_on_a_typo() -> None:
+    assert set(ARBITERS) >= {"twostage", "flow", "fifo", "fairshare"}
+    assert get_arbiter("twostage") is ARBITERS["twostage"]
+    with pytest.raises(ValueError, match="choose one of fairshare, fifo, flow, twostage"):
+        get_arbiter("twostgae")
+
+
+def test_decide_reports_phase_durations() -> None:
+    _, d = decide(cluster().node("a").pending(job(1)).build(), PolicyConfig())
+    assert set(d.durations_s) == {"index", "stage1", "stage2"}
+    assert all(v >= 0 for v in d.durations_s.values())
