@@ -286,6 +286,8 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
         assert m["images_per_s"] > 0 and 0 <= m["data_wait_fraction"] < 1 and m["step_time_s"] > 0
         assert m["images_per_s_rank"] == pytest.approx(m["images_per_s"] / 2)
     assert [m["epoch"] for m in lines if m["type"] == "checkpoint"] == [1, 2, 3]
+    for m in (m for m in lines if m["type"] == "progress"):  # at most one per 2 s, so maybe none
+        assert 1 <= m["epoch"] <= 3 and 1 <= m["step"] <= m["steps"] == epochs[0]["steps"]
     assert all(m["bytes"] > 0 and Path(m["path"]).exists() for m in lines if m["type"] == "checkpoint")
 
 
@@ -316,3 +318,52 @@ def test_stream_yields_the_counted_batches_of_training_samples_only(tmp_path, wo
     assert not held & set(seen)
     evaluation = ShardStream(paths, 10, train=False, seed=1, rank=0)
     assert sum(len(y) for _, y in evaluation) == 24
+
+
+# -------------------------------------------------------------------------------------------- spec
+
+GOOD = {
+    "job_id": 3,
+    "shards": ["/d/x/00000.shard"],
+    "num_classes": 10,
+    "checkpoint_dir": "/c",
+    "metrics_path": "/c/m.jsonl",
+    "resume_from": None,
+    "train": {"epochs": 2, "batch_size": 16, "lr": 0.1},
+}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"colour": 1}, "unknown rank spec field"),
+        ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "lr_scale": "linear"}}, "unknown train field"),
+        ({"train": {"epochs": 2, "lr": 0.1}}, "train.batch_size is required"),
+        ({"train": {"epochs": 0, "batch_size": 16, "lr": 0.1}}, "train.epochs"),
+        ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "lr_scaling": "sqrt"}}, "train.lr_scaling"),
+        ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "backend": "mpi"}}, "train.backend"),
+        ({"shards": []}, "shards"),
+        ({"num_classes": 1}, "num_classes"),
+    ],
+)
+def test_bad_rank_specs_name_the_field(change, words):
+    from agents.workloads.resnet_ddp import SpecError, parse_spec
+
+    assert parse_spec(GOOD).train.grad_accum_steps == 1
+    with pytest.raises(SpecError, match=words):
+        parse_spec({**GOOD, **change})
+
+
+def test_bad_spec_file_exits_2_with_the_reason(tmp_path):
+    path = tmp_path / "rank.json"
+    path.write_text(json.dumps({**GOOD, "train": {"epochs": 2, "batch_size": 16}}))
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "train.lr is required" in out.stderr
