@@ -250,6 +250,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
     assignments = []
     live = list(s.scalars(select(Rank).where(Rank.node == node_name, Rank.state.in_(LIVE_RANK))))
     addresses = {n.name: n.address for n in s.scalars(select(Node))}
+    up_nodes = {n.name for n in s.scalars(select(Node).where(Node.state == "up"))}
     for r in live:
         job = s.get(Job, r.job_id)
         if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
@@ -262,6 +263,11 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
                                .order_by(ShardAssignment.shard)))
         dataset = s.get(Dataset, job.spec["data"]["dataset"])
         shas = {sh.index: sh for sh in s.scalars(select(Shard).where(Shard.dataset == dataset.name))} if dataset else {}
+        healthy: dict[int, list[str]] = {}
+        if dataset is not None:
+            for rep in s.scalars(select(Replica).where(Replica.dataset == dataset.name, Replica.state == "healthy")):
+                if rep.node in up_nodes:
+                    healthy.setdefault(rep.shard, []).append(rep.node)
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
         assignments.append({
             "job_id": job.id, "attempt": job.attempt, "rank": r.rank, "local_rank": r.local_rank,
@@ -272,7 +278,8 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
             "train": job.spec.get("train", {}),
             "num_classes": dataset.classes if dataset else 10,
             "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas[a.shard].sha256 if a.shard in shas else "",
-                        "bytes": a.bytes, "source": a.source, "source_address": addresses.get(a.source, "")}
+                        "bytes": a.bytes, "source": a.source, "source_address": addresses.get(a.source, ""),
+                        "alternates": [addresses.get(n, "") for n in healthy.get(a.shard, []) if n != a.source]}
                        for a in reads],
             "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
                         "addresses": [addresses.get(n, "") for n in ckpt.nodes]} if ckpt else None),
@@ -293,8 +300,9 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
     for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state == "delete")):
         t.state = "done"
         deletes.append({"dataset": t.dataset, "shard": t.shard})
+    peers = [{"name": n.name, "address": n.address} for n in s.scalars(select(Node).where(Node.state == "up"))]
     return {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
-            "peer_key": peer_key(s)}
+            "peer_key": peer_key(s), "peers": peers}
 
 
 def _close_staging(s: Session, now: float, job: Job) -> None:

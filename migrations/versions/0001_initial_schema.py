@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 18:37:36.418316
+Create Date: 2026-12-02 18:44:10.702243
 """
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def upgrade() -> None:
     sa.Column('ended_at', sa.Float(), nullable=True),
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('restarts', sa.Integer(), nullable=False),
+    sa.Column('failures', sa.Integer(), nullable=False),
     sa.Column('master_port', sa.Integer(), nullable=True),
     sa.Column('transfer_bytes', sa.BigInteger(), nullable=False),
     sa.Column('transfer_cost_ms', sa.Integer(), nullable=False),

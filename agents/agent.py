@@ -1,0 +1,334 @@
+"""``gsched agent``: the node daemon.
+
+Every ``heartbeat_s`` it reports the node (devices, shard inventory, ranks, logs, metrics, transfer
+results) to the server and acts on the reply: start the ranks it was given, kill the ones it was told
+to stop, copy the replicas it was asked to hold.  It also serves its shards and checkpoints to peers
+(``agents.dataserver``).  Rank processes are recorded in ``DIR/.gsched/pids``; an agent that starts
+after a crash stops the ranks its predecessor left behind, so a returning node never runs stale work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agents.dataserver import DataServer, checkpoint_path
+from agents.inventory import ShardInventory, cpu_count, detect_devices, free_bytes
+from agents.launcher import RankRunner
+from agents.shardfile import shard_path
+from agents.staging import StagingError, fetch
+from scheduler.auth import ticket
+
+log = logging.getLogger("gsched.agent")
+FULL_INVENTORY_EVERY_S = 10.0
+
+
+class ServerUnavailable(RuntimeError):
+    pass
+
+
+class Agent:
+    def __init__(self, servers: list[str], node: str, rack: str, gpus: str, data_dir: Path, host: str = "127.0.0.1",
+                 port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
+                 threads_per_rank: int | None = None, scrub_interval_s: float = 60.0) -> None:
+        self.servers = [s.rstrip("/") for s in servers]
+        self.node = node
+        self.rack = rack
+        self.data_dir = data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / ".gsched").mkdir(exist_ok=True)
+        self.devices = detect_devices(gpus)
+        self.device_kind = self.devices[0]["kind"] if self.devices else "cpu"
+        self.heartbeat_s = heartbeat_s
+        self.scrub_interval_s = scrub_interval_s
+        self._threads = threads_per_rank
+        self.incarnation = uuid.uuid4().hex
+        self.inventory = ShardInventory(self.data_dir)
+        self.peer_key: str | None = None
+        self.peers: dict[str, str] = {}
+        self.ranks: dict[tuple[int, int, int], RankRunner] = {}
+        self.transfers: dict[int, dict[str, Any]] = {}
+        self.pending_metrics: list[dict[str, Any]] = []
+        self.pending_logs: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._server_index = 0
+        self._last_full = 0.0
+        self._last_scrub = time.monotonic()
+        self._last_progress_log = 0.0
+        self._pids_lock = threading.Lock()
+        self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard)
+        self.address = f"{host}:{self.data.port}"
+        self.token = token or self._find_token()
+
+    # ------------------------------------------------------------ credentials
+    def _find_token(self) -> str:
+        saved = self.data_dir / ".gsched" / "agent.token"
+        if saved.is_file():
+            return saved.read_text().strip()
+        admin = os.environ.get("GSCHED_TOKEN", "")
+        home_token = Path(os.environ.get("GSCHED_HOME", "~/.gsched")).expanduser() / "admin.token"
+        if not admin.startswith("gsu_") and home_token.is_file():
+            admin = home_token.read_text().strip()
+        if not admin:
+            raise SystemExit("gsched agent: no agent token: pass --token or set GSCHED_AGENT_TOKEN "
+                             "(an admin makes one with `gsched agent-token create NODE`)")
+        reply = self._post("/v1/agent-tokens", {"node": self.node}, token=admin)
+        fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(reply["token"])
+        return str(reply["token"])
+
+    # ------------------------------------------------------------ HTTP to the server
+    def _post(self, path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        errors = []
+        for i in range(len(self.servers)):
+            idx = (self._server_index + i) % len(self.servers)
+            req = urllib.request.Request(self.servers[idx] + path, data=data, method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {token or self.token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=15) as resp:
+                    self._server_index = idx
+                    return dict(json.loads(resp.read()))
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:500]
+                if e.code in (401, 403):
+                    raise SystemExit(f"gsched agent: the server refused this agent's token ({e.code}): {detail}")
+                errors.append(f"{self.servers[idx]}: HTTP {e.code} {detail}")
+            except OSError as e:
+                errors.append(f"{self.servers[idx]}: {e}")
+        raise ServerUnavailable("; ".join(errors))
+
+    # ------------------------------------------------------------ helpers used by runners
+    def threads_per_rank(self, devices: int) -> int:
+        if self._threads:
+            return self._threads
+        return max(1, cpu_count() * devices // max(1, len(self.devices)))
+
+    def local_sha(self, dataset: str, shard: int, path: Path) -> str | None:
+        sha = self.inventory.sha(dataset, shard)
+        if sha is None:
+            self.inventory.scan()
+            sha = self.inventory.sha(dataset, shard)
+        return sha
+
+    def note_shard(self, dataset: str, shard: int, path: Path, sha256: str) -> None:
+        self.inventory.note(dataset, shard, path, sha256)
+        self._last_full = 0.0  # report the new replica with the next heartbeat
+        self._wake.set()
+
+    def show_progress(self, key: tuple[int, int, int], done: int, total: int, rate: float) -> None:
+        now = time.monotonic()
+        if now - self._last_progress_log < 1.0 and done < total:
+            return
+        self._last_progress_log = now
+        width = 30
+        filled = int(width * done / total) if total else width
+        eta = (total - done) / rate if rate > 0 else 0.0
+        log.info("staging job %s rank %s [%s%s] %s/%s MB %.1f MB/s ETA %.0fs", key[0], key[2], "#" * filled,
+                 "." * (width - filled), f"{done / 1e6:.1f}", f"{total / 1e6:.1f}", rate / 1e6, eta)
+
+    def mirror_checkpoint(self, job_id: int, path: Path) -> list[str]:
+        """Copy a fresh checkpoint to one other up node before the server records it."""
+        if not path.is_file() or not self.peer_key:
+            return []
+        for node, address in sorted(self.peers.items()):
+            if node == self.node:
+                continue
+            ts = int(time.time())
+            name = path.name
+            try:
+                checkpoint_path(self.data_dir, job_id, name)
+                with open(path, "rb") as f:
+                    req = urllib.request.Request(
+                        f"http://{address}/checkpoints/{job_id}/{name}", data=f, method="PUT",
+                        headers={"X-Gsched-Ticket": ticket(self.peer_key, "ckpt", job_id, name, ts),
+                                 "X-Gsched-Time": str(ts), "Content-Length": str(path.stat().st_size)})
+                    with urllib.request.urlopen(req, timeout=60):
+                        pass
+                return [node]
+            except (OSError, ValueError) as e:
+                log.warning("mirroring %s to %s failed: %s", name, node, e)
+        return []
+
+    # ------------------------------------------------------------ pids of rank process groups
+    def _pids_file(self) -> Path:
+        return self.data_dir / ".gsched" / "pids"
+
+    def remember_pid(self, pid: int) -> None:
+        with self._pids_lock:
+            pids = self._read_pids() | {pid}
+            self._pids_file().write_text("\n".join(str(p) for p in sorted(pids)))
+
+    def forget_pid(self, pid: int) -> None:
+        with self._pids_lock:
+            pids = self._read_pids() - {pid}
+            self._pids_file().write_text("\n".join(str(p) for p in sorted(pids)))
+
+    def _read_pids(self) -> set[int]:
+        try:
+            return {int(x) for x in self._pids_file().read_text().split() if x.isdigit()}
+        except OSError:
+            return set()
+
+    def kill_leftovers(self) -> None:
+        for pid in self._read_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                log.warning("stopped rank process group %s left by a previous agent", pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._pids_file().write_text("")
+
+    # ------------------------------------------------------------ the loop
+    def heartbeat(self) -> dict[str, Any]:
+        now = time.monotonic()
+        body: dict[str, Any] = {"node": self.node, "rack": self.rack, "address": self.address,
+                                "incarnation": self.incarnation, "devices": self.devices,
+                                "free_bytes": free_bytes(self.data_dir)}
+        if now - self._last_scrub >= self.scrub_interval_s:
+            body["replicas"] = self.inventory.scan(rehash=True)
+            self._last_scrub = now
+            self._last_full = now
+        elif now - self._last_full >= FULL_INVENTORY_EVERY_S:
+            body["replicas"] = self.inventory.scan()
+            self._last_full = now
+        runners = list(self.ranks.values())
+        body["ranks"] = [r.report() for r in runners]
+        for r in runners:
+            text = r.new_log_text()
+            if text:
+                self.pending_logs.append({"job_id": r.key[0], "attempt": r.key[1], "rank": r.key[2], "text": text})
+            for line in r.new_metric_lines():
+                self.pending_metrics.append({"job_id": r.key[0], "attempt": r.key[1], "line": line})
+        body["logs"] = self.pending_logs[:512]
+        body["metrics"] = self.pending_metrics[:512]
+        body["transfers"] = [{"id": t, **{k: v for k, v in st.items() if k in ("state", "bytes", "reason")}}
+                             for t, st in self.transfers.items() if st["state"] in ("done", "failed", "running")]
+        reply = self._post("/v1/agent/heartbeat", body)
+        del self.pending_logs[: len(body["logs"])]
+        del self.pending_metrics[: len(body["metrics"])]
+        for t in body["transfers"]:
+            if t["state"] in ("done", "failed"):
+                self.transfers.pop(t["id"], None)
+        self.apply(reply, reported=runners)
+        return reply
+
+    def apply(self, reply: dict[str, Any], reported: list[RankRunner]) -> None:
+        self.peer_key = reply.get("peer_key") or self.peer_key
+        self.peers = {p["name"]: p["address"] for p in reply.get("peers", [])}
+        self.heartbeat_s = float(reply.get("heartbeat_s", self.heartbeat_s))
+        wanted = set()
+        for a in reply.get("assignments", []):
+            key = (a["job_id"], a["attempt"], a["rank"])
+            wanted.add(key)
+            runner = self.ranks.get(key)
+            if runner is None:
+                runner = RankRunner(self, a)
+                self.ranks[key] = runner
+                log.info("job %s attempt %s rank %s assigned (devices %s, %d shards)", a["job_id"], a["attempt"],
+                         a["rank"], a["devices"], len(a["shards"]))
+                runner.start()
+            else:
+                runner.update(a)
+        killed = set()
+        for k in reply.get("kill", []):
+            key = (k["job_id"], k["attempt"], k["rank"])
+            killed.add(key)
+            runner = self.ranks.get(key)
+            if runner is not None:
+                runner.kill()
+        # Forget ranks the server has recorded as over: reported final, and no longer assigned.
+        for r in reported:
+            if r.key not in wanted and r.key not in killed and r.state in ("EXITED", "KILLED"):
+                self.ranks.pop(r.key, None)
+        for t in reply.get("transfers", []):
+            if t["id"] not in self.transfers:
+                self.transfers[t["id"]] = {"state": "running", "bytes": 0, "reason": ""}
+                threading.Thread(target=self._replicate, args=(t,), daemon=True).start()
+        for d in reply.get("delete", []):
+            try:
+                shard_path(self.data_dir, d["dataset"], d["shard"]).unlink(missing_ok=True)
+                self._last_full = 0.0
+            except (OSError, ValueError) as e:
+                log.warning("could not delete %s: %s", d, e)
+
+    def _replicate(self, t: dict[str, Any]) -> None:
+        status = self.transfers[t["id"]]
+        try:
+            path = shard_path(self.data_dir, t["dataset"], t["shard"])
+            n = fetch(t["source_address"], f"shards/{t['dataset']}/{t['shard']}", ("get", t["dataset"], t["shard"]),
+                      path, t["sha256"], self.peer_key or "")
+            self.note_shard(t["dataset"], t["shard"], path, t["sha256"])
+            status.update(state="done", bytes=n)
+            log.info("replica %s/%s copied from %s (%d bytes)", t["dataset"], t["shard"], t["source"], n)
+        except (StagingError, ValueError) as e:
+            status.update(state="failed", reason=str(e)[:2000])
+            log.warning("replica copy %s/%s failed: %s", t["dataset"], t["shard"], e)
+        self._wake.set()
+
+    def run(self) -> None:
+        self.kill_leftovers()
+        self.data.start()
+        self.inventory.scan()
+        log.info("agent %s (rack %s) serving data on %s, %d %s device(s), data dir %s", self.node, self.rack,
+                 self.address, len(self.devices), self.device_kind, self.data_dir)
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.heartbeat()
+                if failures:
+                    log.info("server reachable again")
+                failures = 0
+            except ServerUnavailable as e:
+                failures += 1
+                if failures in (1, 10) or failures % 60 == 0:
+                    log.warning("heartbeat failed (%d): %s", failures, e)
+            self._wake.wait(self.heartbeat_s)
+            self._wake.clear()
+        self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        for r in list(self.ranks.values()):
+            r.kill()
+        deadline = time.monotonic() + 15
+        for r in list(self.ranks.values()):
+            if r.proc is not None:
+                try:
+                    r.proc.wait(max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001
+                    pass
+        self.data.stop()
+
+
+def main(args: Any) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent[%(name)s] %(message)s")
+    token = args.token or os.environ.get("GSCHED_AGENT_TOKEN")
+    servers = [s for s in (args.server or os.environ.get("GSCHED_SERVER", "http://127.0.0.1:8470")).split(",") if s]
+    agent = Agent(servers, args.node, args.rack, args.gpus, Path(args.data_dir), host=args.host, port=args.port,
+                  token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
+                  scrub_interval_s=args.scrub_interval_s)
+
+    def _term(signum: int, _frame: Any) -> None:
+        log.info("signal %s: stopping ranks and exiting", signum)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    agent.run()
+    return 0

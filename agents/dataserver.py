@@ -1,0 +1,187 @@
+"""The agent's data server: shards and checkpoints, peer to peer, streamed, checked.
+
+Routes (all but /health need a ticket made with the cluster's peer key, which only agents hold):
+
+* ``GET /shards/<dataset>/<index>``: stream a shard; ticket ``("get", dataset, index, ts)``.
+* ``PUT /shards/<dataset>/<index>?sha256=H``: upload a shard; ticket ``("put", node, dataset, index, H)``
+  issued by the server for this node; the body must hash to H or it is discarded.
+* ``GET|PUT /checkpoints/<job>/<file>``: a job's checkpoint files; ticket ``("ckpt", job, file, ts)``.
+
+Names are validated and every path is resolved and checked to lie inside the data dir, so ``..``,
+absolute paths and symlinks cannot reach outside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from agents.shardfile import MAGIC, shard_path, valid_name
+from scheduler.auth import check_ticket
+
+log = logging.getLogger("gsched.agent.data")
+CKPT_NAME = re.compile(r"^epoch-\d{4}\.pt$")
+TICKET_TTL_S = 300
+CHUNK = 1 << 20
+
+
+def checkpoint_dir(data_dir: Path, job_id: int) -> Path:
+    return data_dir / ".gsched" / "jobs" / str(int(job_id)) / "checkpoints"
+
+
+def checkpoint_path(data_dir: Path, job_id: int, name: str) -> Path:
+    if not CKPT_NAME.match(name):
+        raise ValueError(f"invalid checkpoint name {name!r}")
+    root = data_dir.resolve()
+    path = (checkpoint_dir(root, job_id) / name).resolve()
+    if root not in path.parents:
+        raise ValueError("checkpoint path outside the data dir")
+    return path
+
+
+class DataServer:
+    def __init__(self, host: str, port: int, data_dir: Path, node: str, peer_key: Callable[[], str | None],
+                 on_shard: Callable[[str, int, Path, str], None]) -> None:
+        self.data_dir = data_dir
+        self.node = node
+        self.peer_key = peer_key
+        self.on_shard = on_shard
+        self.bytes_served = 0
+        handler = _make_handler(self)
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="dataserver", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+        def _send(self, code: int, text: str) -> None:
+            body = (text + "\n").encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _route(self) -> tuple[str, list[str], dict[str, list[str]]] | None:
+            url = urlsplit(self.path)
+            parts = [unquote(p) for p in url.path.split("/") if p]
+            return (parts[0] if parts else ""), parts[1:], parse_qs(url.query)
+
+        def _fresh_ticket(self, *parts: object) -> bool:
+            key = srv.peer_key()
+            given = self.headers.get("X-Gsched-Ticket", "")
+            try:
+                ts = int(self.headers.get("X-Gsched-Time", "0"))
+            except ValueError:
+                return False
+            if not key or abs(time.time() - ts) > TICKET_TTL_S:
+                return False
+            return check_ticket(key, given, *parts, ts)
+
+        def do_GET(self) -> None:  # noqa: N802
+            kind, rest, _ = self._route()  # type: ignore[misc]
+            if kind == "health":
+                return self._send(200, "ok")
+            try:
+                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and rest[1].isdigit():
+                    if not self._fresh_ticket("get", rest[0], int(rest[1])):
+                        return self._send(403, "a valid agent ticket is required")
+                    path = shard_path(srv.data_dir, rest[0], int(rest[1]))
+                elif kind == "checkpoints" and len(rest) == 2 and rest[0].isdigit():
+                    if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
+                        return self._send(403, "a valid agent ticket is required")
+                    path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])
+                else:
+                    return self._send(404, "no such resource")
+            except ValueError as e:
+                return self._send(400, str(e))
+            if not path.is_file() or path.is_symlink():
+                return self._send(404, "not on this node")
+            size = path.stat().st_size
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            with open(path, "rb") as f:
+                while block := f.read(CHUNK):
+                    self.wfile.write(block)
+                    srv.bytes_served += len(block)
+
+        def do_PUT(self) -> None:  # noqa: N802
+            kind, rest, query = self._route()  # type: ignore[misc]
+            try:
+                length = int(self.headers.get("Content-Length", "-1"))
+            except ValueError:
+                length = -1
+            if length < 0:
+                return self._send(411, "Content-Length is required")
+            try:
+                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and rest[1].isdigit():
+                    sha = (query.get("sha256") or [""])[0]
+                    key = srv.peer_key()
+                    if not key or not check_ticket(key, self.headers.get("X-Gsched-Ticket", ""), "put", srv.node,
+                                                   rest[0], int(rest[1]), sha):
+                        return self._send(403, "a valid upload ticket for this node is required")
+                    path = shard_path(srv.data_dir, rest[0], int(rest[1]))
+                    expect_magic = True
+                elif kind == "checkpoints" and len(rest) == 2 and rest[0].isdigit():
+                    if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
+                        return self._send(403, "a valid agent ticket is required")
+                    path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])
+                    sha = self.headers.get("X-Gsched-Sha256", "")
+                    expect_magic = False
+                else:
+                    return self._send(404, "no such resource")
+            except ValueError as e:
+                return self._send(400, str(e))
+            if path.is_symlink():
+                return self._send(400, "refusing to write through a symlink")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".part{threading.get_ident()}")
+            digest = hashlib.sha256()
+            remaining = length
+            first = b""
+            with open(tmp, "wb") as f:
+                while remaining > 0:
+                    block = self.rfile.read(min(CHUNK, remaining))
+                    if not block:
+                        break
+                    if len(first) < len(MAGIC):
+                        first += block[: len(MAGIC)]
+                    digest.update(block)
+                    f.write(block)
+                    remaining -= len(block)
+            if remaining or (sha and digest.hexdigest() != sha) or (expect_magic and not first.startswith(MAGIC)):
+                tmp.unlink(missing_ok=True)
+                return self._send(422, "upload incomplete or checksum mismatch; discarded")
+            os.replace(tmp, path)
+            if kind == "shards":
+                srv.on_shard(rest[0], int(rest[1]), path, digest.hexdigest())
+            self._send(201, "stored")
+
+    return Handler

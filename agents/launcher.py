@@ -1,0 +1,268 @@
+"""One rank on this node: stage its shards, wait for the rendezvous port, run the process, report.
+
+A ``RankRunner`` is a thread owned by the agent.  The agent reads ``report()`` into each heartbeat
+and calls ``update(assignment)`` with what the server sends back (the rendezvous port arrives that
+way) and ``kill()`` when told to stop the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.dataserver import checkpoint_dir, checkpoint_path
+from agents.shardfile import sha256_file, shard_path
+from agents.staging import StagingError, fetch
+
+log = logging.getLogger("gsched.agent.rank")
+KILL_GRACE_S = 10.0
+
+
+class RankRunner(threading.Thread):
+    def __init__(self, agent: Any, assignment: dict[str, Any]) -> None:
+        super().__init__(name=f"rank-{assignment['job_id']}.{assignment['rank']}", daemon=True)
+        self.agent = agent
+        self.a = assignment
+        self.key = (assignment["job_id"], assignment["attempt"], assignment["rank"])
+        self.state = "STAGING"
+        self.exit_code: int | None = None
+        self.error = ""
+        self.staged = 0
+        self.staging_total = 0
+        self.rate = 0.0
+        self.master_port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._killed = threading.Event()
+        self._lock = threading.Lock()
+        root = agent.data_dir / ".gsched" / "jobs" / str(self.a["job_id"]) / f"attempt-{self.a['attempt']}"
+        root.mkdir(parents=True, exist_ok=True)
+        self.run_dir = root
+        self.log_path = root / f"rank-{self.a['rank']}.log"
+        self.metrics_path = root / "metrics.jsonl"
+        self.log_offset = 0
+        self.metrics_offset = 0
+
+    # ------------------------------------------------------------ called by the agent
+    def update(self, assignment: dict[str, Any]) -> None:
+        with self._lock:
+            self.a = assignment
+
+    def kill(self) -> None:
+        self._killed.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+            threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            proc.wait(KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+
+    def report(self) -> dict[str, Any]:
+        state = self.state
+        if self._killed.is_set() and state in ("EXITED", "KILLED"):
+            state = "KILLED"
+        return {"job_id": self.key[0], "attempt": self.key[1], "rank": self.key[2], "state": state,
+                "exit_code": self.exit_code, "log_tail": self.log_tail(), "staged_bytes": self.staged,
+                "staging_total": self.staging_total, "staging_rate_bps": self.rate,
+                "master_port": self.master_port, "error": self.error[-4000:]}
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, self.log_path.stat().st_size - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def new_log_text(self, limit: int = 32768) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                data = f.read(limit)
+        except OSError:
+            return ""
+        self.log_offset += len(data)
+        return data.decode(errors="replace")
+
+    def new_metric_lines(self) -> list[dict[str, Any]]:
+        if self.a["rank"] != 0:
+            return []
+        try:
+            with open(self.metrics_path, "rb") as f:
+                f.seek(self.metrics_offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.metrics_offset += end
+        lines = []
+        for raw in data[:end].splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if line.get("type") == "checkpoint":
+                line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))))
+            lines.append(line)
+        return lines
+
+    # ------------------------------------------------------------ the rank's life
+    def run(self) -> None:
+        try:
+            paths = self._stage()
+            if self._killed.is_set():
+                self.state = "KILLED"
+                return
+            resume = self._stage_checkpoint()
+            self.state = "READY"
+            port = self._rendezvous()
+            if port is None:
+                self.state = "KILLED"
+                return
+            self._launch(paths, resume, port)
+        except StagingError as e:
+            self.error = f"staging failed: {e}"
+            log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
+            self.exit_code = 3
+            self.state = "EXITED"
+        except Exception as e:  # noqa: BLE001 - report every failure to the server, never die silently
+            log.exception("rank %s failed", self.key)
+            self.error = f"agent error: {e}"
+            self.exit_code = 4
+            self.state = "EXITED"
+
+    def _stage(self) -> list[str]:
+        shards = self.a["shards"]
+        todo = []
+        paths = []
+        for sh in shards:
+            path = shard_path(self.agent.data_dir, sh["dataset"], sh["index"])
+            paths.append(str(path))
+            if path.is_file() and self.agent.local_sha(sh["dataset"], sh["index"], path) == sh["sha256"]:
+                continue
+            todo.append((sh, path))
+        self.staging_total = sum(int(sh["bytes"]) for sh, _ in todo)
+        done_before = 0
+        t0 = time.monotonic()
+        for sh, path in todo:
+            if self._killed.is_set():
+                break
+            sources = [sh["source_address"]] + [a for a in sh.get("alternates", []) if a != sh["source_address"]]
+            last_error: Exception | None = None
+            for address in sources:
+                if not address:
+                    continue
+                try:
+                    def progress(done: int, total: int, rate: float, base: int = done_before) -> None:
+                        self.staged = base + done
+                        self.rate = self.staged / max(time.monotonic() - t0, 1e-6)
+                        self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
+
+                    n = fetch(address, f"shards/{sh['dataset']}/{sh['index']}", ("get", sh["dataset"], sh["index"]),
+                              path, sh["sha256"], self.agent.peer_key or "", progress)
+                    self.agent.note_shard(sh["dataset"], sh["index"], path, sh["sha256"])
+                    done_before += n
+                    last_error = None
+                    break
+                except StagingError as e:
+                    last_error = e
+                    log.warning("job %s: %s; trying another replica", self.key[0], e)
+            if last_error is not None:
+                raise StagingError(f"shard {sh['dataset']}/{sh['index']}: every replica failed; last: {last_error}")
+        return paths
+
+    def _stage_checkpoint(self) -> str | None:
+        resume = self.a.get("resume")
+        if not resume:
+            return None
+        name = Path(resume["path"]).name
+        local = checkpoint_path(self.agent.data_dir, self.a["job_id"], name)
+        if local.is_file():
+            return str(local)
+        for node, address in zip(resume.get("nodes", []), resume.get("addresses", []), strict=False):
+            if node == self.agent.node or not address:
+                continue
+            try:
+                fetch(address, f"checkpoints/{self.a['job_id']}/{name}", ("ckpt", self.a["job_id"], name), local,
+                      None, self.agent.peer_key or "")
+                return str(local)
+            except StagingError as e:
+                log.warning("checkpoint %s from %s: %s", name, node, e)
+        raise StagingError(f"checkpoint {name} could not be fetched from {resume.get('nodes')}")
+
+    def _rendezvous(self) -> int | None:
+        if self.a["rank"] == 0:
+            self.master_port = _free_port(self.a.get("master_addr") or "127.0.0.1")
+            return self.master_port
+        while not self._killed.is_set():
+            with self._lock:
+                port = self.a.get("master_port")
+            if port:
+                return int(port)
+            time.sleep(0.1)
+        return None
+
+    def _launch(self, paths: list[str], resume: str | None, port: int) -> None:
+        a = self.a
+        train = dict(a.get("train", {}))
+        if "channels_last" in train:
+            train["channels_last"] = {"on": True, "off": False}.get(train["channels_last"], train["channels_last"])
+        spec = {"job_id": a["job_id"], "shards": paths, "num_classes": a.get("num_classes", 10),
+                "checkpoint_dir": str(checkpoint_dir(self.agent.data_dir, a["job_id"])), "resume_from": resume,
+                "metrics_path": str(self.metrics_path), "train": train}
+        spec_path = self.run_dir / f"rank-{a['rank']}.spec.json"
+        spec_path.write_text(json.dumps(spec, indent=1))
+        env = dict(os.environ)
+        env.update({
+            "MASTER_ADDR": a.get("master_addr") or "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(a["rank"]), "LOCAL_RANK": str(a["local_rank"]), "WORLD_SIZE": str(a["world_size"]),
+            "LOCAL_WORLD_SIZE": str(a["local_world_size"]), "GSCHED_JOB_ID": str(a["job_id"]),
+            "GSCHED_DEVICES": ",".join(str(d) for d in a["devices"]), "PYTHONUNBUFFERED": "1",
+            "GSCHED_THREADS": str(self.agent.threads_per_rank(len(a["devices"]))),
+        })
+        if self.agent.device_kind == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a["devices"])
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if self._killed.is_set():
+            self.state = "KILLED"
+            return
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen([sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(spec_path)],
+                                         stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=str(self.run_dir),
+                                         start_new_session=True)
+        self.agent.remember_pid(self.proc.pid)
+        self.state = "RUNNING"
+        log.info("job %s rank %s started (pid %s, devices %s)", a["job_id"], a["rank"], self.proc.pid, a["devices"])
+        code = self.proc.wait()
+        self.agent.forget_pid(self.proc.pid)
+        if self._killed.is_set():
+            _signal_group(self.proc, signal.SIGKILL)  # loader workers left behind, if any
+        self.exit_code = code
+        self.state = "KILLED" if self._killed.is_set() else "EXITED"
+        log.info("job %s rank %s exited with %s", a["job_id"], a["rank"], code)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("", "localhost") else "127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,195 @@
+"""A real cluster on this machine: one ``gsched server`` and N ``gsched agent`` processes on loopback.
+
+Used by ``gsched demo`` and by the integration tests.  Every process is started in its own session
+and stopped (SIGTERM, then SIGKILL) by ``close()``, which is also registered with ``atexit``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    rack: str = "rack0"
+    gpus: int = 1
+
+
+class LocalCluster:
+    def __init__(self, root: Path, nodes: list[NodeSpec], *, heartbeat_s: float = 0.5, ttl_s: float = 6.0,
+                 cycle_s: float = 0.5, threads_per_rank: int = 1, db: str | None = None,
+                 extra_env: dict[str, str] | None = None, scrub_interval_s: float = 60.0,
+                 config: str | None = None) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.home = self.root / "home"
+        self.nodes = {n.name: n for n in nodes}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.heartbeat_s = heartbeat_s
+        self.threads_per_rank = threads_per_rank
+        self.scrub_interval_s = scrub_interval_s
+        self.config = config
+        self.env = {**os.environ, "GSCHED_HOME": str(self.home), "GSCHED_SERVER": self.url,
+                    "GSCHED_CYCLE_INTERVAL_S": str(cycle_s), "GSCHED_HEARTBEAT_TTL_S": str(ttl_s),
+                    "GSCHED_HEARTBEAT_S": str(heartbeat_s), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        self.env.pop("GSCHED_TOKEN", None)
+        if db:
+            self.env["GSCHED_DB"] = db
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------ processes
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=str(self.root))
+        self.procs[name] = proc
+        return proc
+
+    def start_server(self, wait: bool = True) -> None:
+        args = ["server", "--port", str(self.port)]
+        if self.config:
+            args += ["--config", self.config]
+        self._spawn("server", args)
+        if wait:
+            self.wait_for(self._healthy, 60, "the server to answer")
+
+    def _healthy(self) -> bool:
+        try:
+            return bool(Client(self.url, timeout_s=2).get("/v1/health")["ok"])
+        except Exception:  # noqa: BLE001
+            return False
+
+    def data_dir(self, node: str) -> Path:
+        return self.root / "nodes" / node
+
+    def start_agent(self, node: str) -> None:
+        spec = self.nodes[node]
+        self._spawn(f"agent-{node}", ["agent", "--server", self.url, "--node", node, "--rack", spec.rack,
+                                      "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
+                                      "--heartbeat-s", str(self.heartbeat_s),
+                                      "--threads-per-rank", str(self.threads_per_rank),
+                                      "--scrub-interval-s", str(self.scrub_interval_s)])
+
+    def start(self) -> LocalCluster:
+        self.start_server()
+        for name in self.nodes:
+            self.start_agent(name)
+        self.wait_for(lambda: len([n for n in self.admin().get("/v1/nodes") if n["state"] == "up"]) == len(self.nodes),
+                      60, "every agent to report")
+        return self
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(name)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def close(self) -> None:
+        for name in sorted(self.procs, key=lambda n: n == "server"):  # agents first, server last
+            proc = self.procs[name]
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.procs.clear()
+
+    # ------------------------------------------------------------ clients and commands
+    def admin_token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def admin(self) -> Client:
+        return Client(self.url, self.admin_token())
+
+    def client(self, token: str) -> Client:
+        return Client(self.url, token)
+
+    def add_user(self, name: str, shares: float = 1.0) -> str:
+        return str(self.admin().post("/v1/users", {"name": name, "shares": shares})["token"])
+
+    def cli(self, *args: str, token: str | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = dict(self.env)
+        if token:
+            env["GSCHED_TOKEN"] = token
+        out = subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=env, capture_output=True, text=True,
+                             timeout=timeout, cwd=str(self.root))
+        if check and out.returncode != 0:
+            raise RuntimeError(f"gsched {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def job(self, job_id: int, token: str | None = None) -> dict[str, Any]:
+        c = self.client(token) if token else self.admin()
+        return dict(c.get(f"/v1/jobs/{job_id}"))
+
+    def wait_job(self, job_id: int, states: set[str] | str, timeout: float = 300) -> dict[str, Any]:
+        wanted = {states} if isinstance(states, str) else set(states)
+        self.wait_for(lambda: self.job(job_id)["state"] in wanted, timeout, f"job {job_id} to reach {sorted(wanted)}",
+                      diagnose=lambda: json.dumps({k: v for k, v in self.job(job_id).items()
+                                                   if k in ("state", "reason", "ranks", "progress")}, indent=1))
+        return self.job(job_id)
+
+    def wait_for(self, pred: Callable[[], Any], timeout: float, what: str,
+                 diagnose: Callable[[], str] | None = None, interval: float = 0.25) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                out = pred()
+            except Exception:  # noqa: BLE001 - keep polling through transient errors
+                out = None
+            if out:
+                return out
+            time.sleep(interval)
+        detail = ""
+        if diagnose is not None:
+            try:
+                detail = diagnose()
+            except Exception as e:  # noqa: BLE001
+                detail = f"(diagnosis failed: {e})"
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail}\n{self.tail_logs()}")
+
+    def tail_logs(self, n: int = 15) -> str:
+        parts = []
+        for log in sorted(self.root.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-n:]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
