@@ -24,6 +24,21 @@ class FreeLedger:
         self.free: dict[str, int] = {n: index.free[n] for n in index.free_desc}
         self.total = sum(self.free.values())
         self.version = 0  # bumped by every take(), so callers can cache views of the ledger
+        # rank_cap[k]: how many ranks of k devices the free devices could hold (k = 1..largest node)
+        self._max_k = max(index.max_node_devices, 1)
+        self.rank_cap = [0] * (self._max_k + 1)
+        for f in self.free.values():
+            self._count(f, 1)
+
+    def _count(self, free: int, sign: int) -> None:
+        for k in range(1, self._max_k + 1):
+            self.rank_cap[k] += sign * (free // k)
+
+    def may_fit(self, ranks: int, devices_per_rank: int) -> bool:
+        """False when the free devices cannot hold the gang however it is placed (O(1))."""
+        if devices_per_rank > self._max_k or devices_per_rank <= 0:
+            return False
+        return self.rank_cap[devices_per_rank] >= ranks
 
     def get(self, node: str) -> int:
         return self.free.get(node, 0)
@@ -35,9 +50,12 @@ class FreeLedger:
         """Give the candidate's devices away; raises if any is not free (a bug in the arbiter)."""
         self.version += 1
         for n, d in c.devices_by_node().items():
-            left = self.free.get(n, 0) - d
+            had = self.free.get(n, 0)
+            left = had - d
             if left < 0:
                 raise AssertionError(f"job {c.job_id}: node {n} would be over-committed")
+            self._count(had, -1)
+            self._count(left, 1)
             if left == 0:
                 del self.free[n]
             else:

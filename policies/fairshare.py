@@ -39,7 +39,7 @@ class FairShareArbiter:
                 d.reasons[job.id] = why
                 continue
             chosen = None
-            if ledger.total >= job.devices:
+            if ledger.may_fit(job.ranks, job.devices_per_rank):
                 chosen = propose_packed(job, snap, cfg, index, free=ledger.free)
             if chosen is None:
                 d.reasons[job.id] = devices_busy(job.devices, ledger.total)

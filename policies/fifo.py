@@ -52,7 +52,7 @@ class FifoArbiter:
                     d.candidate_reasons[(job.id, i)] = busy
                 else:
                     d.candidate_reasons[(job.id, i)] = "an earlier candidate fit first"
-            if chosen is None and ledger.total >= job.devices:
+            if chosen is None and ledger.may_fit(job.ranks, job.devices_per_rank):
                 again = propose(job, snap, cfg, index, free=ledger.free)
                 chosen = again[0] if again else None
             if chosen is None:

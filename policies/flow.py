@@ -128,7 +128,7 @@ class FlowArbiter:
                 continue
             cands = list(candidates.get(job.id, ()))
             fitting = [c for c in cands if ledger.fits(c)]
-            if not fitting and ledger.total >= job.devices:
+            if not fitting and ledger.may_fit(job.ranks, job.devices_per_rank):
                 fitting = propose(job, snap, cfg, index, free=ledger.free)
             if not fitting:
                 d.reasons[job.id] = devices_busy(job.devices, ledger.total)

@@ -154,7 +154,7 @@ class TwoStageArbiter:
                     )
                 else:
                     d.candidate_reasons[(job.id, i)] = busy
-            if not fitting and avail_total >= job.devices:
+            if not fitting and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
                 fitting = propose(job, snap, cfg, index, free=avail)
 
             if not fitting:

@@ -411,7 +411,7 @@ def _evaluate(
     )
     for p in remote:
         best: str | None = None
-        for r in sorted({racks[s] for s in ds.sources[p]}):
+        for r in {racks[s] for s in ds.sources[p]}:  # order is irrelevant: the least name wins
             lst = rack_nodes.get(r)
             if lst is None:
                 continue
@@ -454,11 +454,25 @@ def _evaluate(
 def _source(
     node: str, sources: Sequence[str], nbytes: int, racks: Mapping[str, str], cfg: PolicyConfig
 ) -> tuple[str, int]:
-    """The cheapest replica of a shard for ``node`` and its cost (ties by node name)."""
+    """The cheapest replica of a shard for ``node`` and its cost (ties by node name).
+
+    Bandwidth depends only on same rack or not (:mod:`scheduler.costmodel`), so the candidates are the
+    first same-rack source and the first other source by name (``sources`` is sorted by name).
+    """
     if node in sources:
         return node, 0
-    best = min(sources, key=lambda s: (cost_ms_at(nbytes, bandwidth_bps(s, node, racks, cfg)), s))
-    return best, cost_ms_at(nbytes, bandwidth_bps(best, node, racks, cfg))
+    rack = racks.get(node)
+    same = other = None
+    for s in sources:
+        if rack is not None and racks.get(s) == rack:
+            same = same or s
+        else:
+            other = other or s
+        if same and other:
+            break
+    options = [(cost_ms_at(nbytes, bandwidth_bps(s, node, racks, cfg)), s) for s in (same, other) if s]
+    cost, best = min(options)
+    return best, cost
 
 
 def candidate_key(c: Candidate) -> tuple[int, int, tuple[str, ...]]:
