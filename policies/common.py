@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.placement_types import Candidate
-from scheduler.stage1 import Stage1Index
+from scheduler.stage1 import FreeDevices, Stage1Index
 
 
 def fmt_t(t_s: float) -> str:
@@ -21,7 +21,7 @@ class FreeLedger:
     """Free devices left in this cycle, node -> count; only nodes with some free devices are kept."""
 
     def __init__(self, index: Stage1Index):
-        self.free: dict[str, int] = {n: index.free[n] for n in index.free_desc}
+        self.free = FreeDevices({n: index.free[n] for n in index.free_desc}, index.racks)
         self.total = sum(self.free.values())
         self.version = 0  # bumped by every take(), so callers can cache views of the ledger
         # rank_cap[k]: how many ranks of k devices the free devices could hold (k = 1..largest node)
@@ -56,10 +56,7 @@ class FreeLedger:
                 raise AssertionError(f"job {c.job_id}: node {n} would be over-committed")
             self._count(had, -1)
             self._count(left, 1)
-            if left == 0:
-                del self.free[n]
-            else:
-                self.free[n] = left
+            self.free.set(n, left)
             self.total -= d
 
 

@@ -53,7 +53,7 @@ class FifoArbiter:
                 else:
                     d.candidate_reasons[(job.id, i)] = "an earlier candidate fit first"
             if chosen is None and ledger.may_fit(job.ranks, job.devices_per_rank):
-                again = propose(job, snap, cfg, index, free=ledger.free)
+                again = propose(job, snap, cfg, index, free=ledger.free, quick=True)
                 chosen = again[0] if again else None
             if chosen is None:
                 d.reasons[job.id] = devices_busy(job.devices, ledger.total)

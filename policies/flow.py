@@ -129,7 +129,7 @@ class FlowArbiter:
             cands = list(candidates.get(job.id, ()))
             fitting = [c for c in cands if ledger.fits(c)]
             if not fitting and ledger.may_fit(job.ranks, job.devices_per_rank):
-                fitting = propose(job, snap, cfg, index, free=ledger.free)
+                fitting = propose(job, snap, cfg, index, free=ledger.free, quick=True)
             if not fitting:
                 d.reasons[job.id] = devices_busy(job.devices, ledger.total)
                 continue

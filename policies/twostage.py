@@ -32,6 +32,7 @@ from scheduler.placement_types import Candidate, Decision
 from scheduler.policy_config import PolicyConfig
 from scheduler.snapshot import JobView, Snapshot
 from scheduler.stage1 import (
+    FreeDevices,
     Stage1Index,
     build_index,
     candidate_key,
@@ -123,7 +124,7 @@ class TwoStageArbiter:
         ledger = FreeLedger(index)
         bound_ends: list[tuple[float, dict[str, int]]] = []
         res: Reservation | None = None
-        avail_cache: tuple[int, dict[str, int], int] | None = None  # (ledger version, free, total)
+        avail_cache: tuple[int, Mapping[str, int], int] | None = None  # (ledger version, free, total)
         possible: dict[tuple[str | None, int, int], bool] = {}
         now = snap.now_s
 
@@ -135,9 +136,9 @@ class TwoStageArbiter:
             long_job = res is not None and now + job.time_limit_s > res.start_s
             if res is not None and long_job:
                 if avail_cache is None or avail_cache[0] != ledger.version:
-                    avail = {n: f - res.held.get(n, 0) for n, f in ledger.free.items()}
-                    avail = {n: f for n, f in avail.items() if f > 0}
-                    avail_cache = (ledger.version, avail, sum(avail.values()))
+                    left = {n: f - res.held.get(n, 0) for n, f in ledger.free.items()}
+                    view = FreeDevices(left, index.racks)
+                    avail_cache = (ledger.version, view, sum(view.values()))
                 _, avail, avail_total = avail_cache
             else:
                 avail, avail_total = ledger.free, ledger.total
@@ -155,7 +156,7 @@ class TwoStageArbiter:
                 else:
                     d.candidate_reasons[(job.id, i)] = busy
             if not fitting and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
-                fitting = propose(job, snap, cfg, index, free=avail)
+                fitting = propose(job, snap, cfg, index, free=avail, quick=True)
 
             if not fitting:
                 if (
@@ -164,7 +165,7 @@ class TwoStageArbiter:
                     and ledger.total >= job.devices
                     and (
                         any(busy_reason(c, ledger.free) is None for c in cands)
-                        or propose(job, snap, cfg, index, free=ledger.free)
+                        or propose(job, snap, cfg, index, free=ledger.free, quick=True)
                     )
                 ):
                     d.reasons[job.id] = f"reserved for job {res.job_id} until {fmt_t(res.start_s)}"

@@ -34,11 +34,12 @@ first ``cfg.candidates_per_job`` returned.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.costmodel import bandwidth_bps, cost_ms_at
+from scheduler.costmodel import cost_ms_at
 from scheduler.placement_types import Candidate, ShardRead
 from scheduler.policy_config import PolicyConfig
 from scheduler.snapshot import JobView, ShardView, Snapshot
@@ -170,55 +171,104 @@ def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str
 # --- placement variants: each returns node -> ranks, or None when the gang does not fit -----------
 
 
-class _Fit:
-    """The free devices one propose call sees (snapshot's, or an override) and the fill order.
+class FreeDevices(Mapping[str, int]):
+    """Free devices per node, kept in fill order (most free first, then name) under updates.
 
-    Under an override the fill order is built from the override itself (sorted once, lazily), so
-    callers keep the cost low by passing only nodes that have free devices.
+    For callers that re-run :func:`propose` over changing free devices (the arbiters): build one,
+    :meth:`set` it as devices are given away, and pass it as ``free``; it is then not re-sorted on
+    every call.  :func:`propose` only reads it.  Nodes not in ``racks`` and nodes with nothing free
+    are left out.
     """
+
+    def __init__(self, free: Mapping[str, int], racks: Mapping[str, str]):
+        self._racks = racks
+        self._free: dict[str, int] = {}
+        self._buckets: dict[int, list[str]] = {}
+        self._rack_buckets: dict[str, dict[int, list[str]]] = {}
+        for n in sorted(free):
+            f = free[n]
+            if f > 0 and n in racks:
+                self._free[n] = f
+                self._buckets.setdefault(f, []).append(n)
+                self._rack_buckets.setdefault(racks[n], {}).setdefault(f, []).append(n)
+
+    def __getitem__(self, node: str) -> int:
+        return self._free[node]
+
+    def get(self, node: str, default: int = 0) -> int:  # type: ignore[override]
+        return self._free.get(node, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._free)
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def set(self, node: str, free: int) -> None:
+        """Node ``node`` now has ``free`` free devices (0 removes it)."""
+        old = self._free.get(node, 0)
+        if old == free:
+            return
+        rack = self._racks[node]
+        if old > 0:
+            for b in (self._buckets, self._rack_buckets[rack]):
+                names = b[old]
+                names.pop(bisect.bisect_left(names, node))
+                if not names:
+                    del b[old]
+            del self._free[node]
+        if free > 0:
+            self._free[node] = free
+            bisect.insort(self._buckets.setdefault(free, []), node)
+            bisect.insort(self._rack_buckets.setdefault(rack, {}).setdefault(free, []), node)
+
+    def desc(self, min_free: int, rack: str | None = None) -> Iterator[str]:
+        """Nodes (of ``rack``, or all) with at least ``min_free`` free, most free first, then name."""
+        buckets = self._buckets if rack is None else self._rack_buckets.get(rack, {})
+        for f in sorted(buckets, reverse=True):
+            if f < min_free:
+                return
+            yield from buckets[f]
+
+
+class _Fit:
+    """The free devices one propose call sees (the snapshot's, or an override) and the fill order."""
 
     def __init__(self, job: JobView, index: Stage1Index, free: Mapping[str, int] | None):
         self.dpr = job.devices_per_rank
         self.ranks = job.ranks
         self.index = index
-        self.free = index.free if free is None else free
-        self._override = free is not None
-        self._order: tuple[str, ...] | None = None if self._override else index.free_desc
-        self._by_rack: Mapping[str, tuple[str, ...]] | None = (
-            None if self._override else index.free_desc_by_rack
-        )
-
-    def _orders(self) -> tuple[tuple[str, ...], Mapping[str, tuple[str, ...]]]:
-        if self._order is None or self._by_rack is None:
-            f, racks = self.free, self.index.racks
-            self._order = tuple(
-                sorted((n for n in f if f[n] >= self.dpr and n in racks), key=lambda n: (-f[n], n))
-            )
-            self._by_rack = _by_rack(self._order, racks)
-        return self._order, self._by_rack
+        self.view: FreeDevices | None = None
+        if free is None:
+            self.free: Mapping[str, int] = index.free
+        else:
+            self.view = free if isinstance(free, FreeDevices) else FreeDevices(free, index.racks)
+            self.free = self.view
 
     def cap(self, node: str) -> int:
         return self.free.get(node, 0) // self.dpr
 
     def fill_nodes(self, racks: Sequence[str] = ()) -> Iterable[str]:
         """Nodes with room for one rank: those in ``racks`` first, then all, most free first."""
-        order, by_rack = self._orders()
         seen_racks = set()
         for r in racks:
             if r in seen_racks:
                 continue
             seen_racks.add(r)
-            yield from self._scan(by_rack.get(r, ()))
-        for n in self._scan(order):
+            yield from self._desc(r)
+        for n in self._desc(None):
             if self.index.racks.get(n) not in seen_racks:
                 yield n
 
-    def _scan(self, names: Sequence[str]) -> Iterable[str]:
+    def _desc(self, rack: str | None) -> Iterable[str]:
+        if self.view is not None:
+            yield from self.view.desc(self.dpr, rack)
+            return
+        names = self.index.free_desc if rack is None else self.index.free_desc_by_rack.get(rack, ())
         for n in names:
             if self.free.get(n, 0) < self.dpr:
                 return  # sorted descending: no later node has room either
-            if self.cap(n) > 0:
-                yield n
+            yield n
 
 
 def _fill(fit: _Fit, counts: dict[str, int], remaining: int, exclude: set[str], per_node: int | None) -> int:
@@ -470,8 +520,12 @@ def _source(
             other = other or s
         if same and other:
             break
-    options = [(cost_ms_at(nbytes, bandwidth_bps(s, node, racks, cfg)), s) for s in (same, other) if s]
-    cost, best = min(options)
+    if same is None:
+        return other, cost_ms_at(nbytes, cfg.cross_rack_bps)  # type: ignore[return-value]
+    via_rack = (cost_ms_at(nbytes, cfg.same_rack_bps), same)
+    if other is None:
+        return via_rack[1], via_rack[0]
+    cost, best = min(via_rack, (cost_ms_at(nbytes, cfg.cross_rack_bps), other))
     return best, cost
 
 
@@ -509,6 +563,7 @@ def propose(
     cfg: PolicyConfig,
     index: Stage1Index | None = None,
     free: Mapping[str, int] | None = None,
+    quick: bool = False,
 ) -> list[Candidate]:
     """Up to ``cfg.candidates_per_job`` whole-gang candidates for ``job``, best first.
 
@@ -517,7 +572,8 @@ def propose(
     in this cycle, or over all devices to ask "where could it run with zero cost?"); nodes missing from
     it have none.  Returns [] when the job cannot be placed over those free devices, can never run
     (:func:`infeasible_reason`), or its data cannot be read (:func:`missing_data_reason`).
-    Pure and idempotent.
+    ``quick`` tries only the data-holders-first and fewest-nodes placements (the arbiters' re-proposals
+    within a cycle, where speed matters more than variety).  Pure and idempotent.
     """
     if index is None:
         index = build_index(snap, [job.dataset] if job.dataset else [])
@@ -527,14 +583,12 @@ def propose(
     if ds is not None and ds.missing:
         return []
     fit = _Fit(job, index, free)
-    layouts: list[dict[str, int] | None] = [
-        _holders_first(fit, ds, set()),
-        _fewest_nodes(fit, ds),
-        _spread(fit, ds),
-    ]
+    layouts: list[dict[str, int] | None] = [_holders_first(fit, ds, set()), _fewest_nodes(fit, ds)]
+    if not quick:
+        layouts.append(_spread(fit, ds))
     if job.prefer_nodes:
         layouts.append(_holders_first(fit, ds, set(), job.prefer_nodes))
-    if layouts[0] is not None:
+    if layouts[0] is not None and not quick:
         layouts.append(_holders_first(fit, ds, set(layouts[0])))
     seen: set[tuple[tuple[str, int], ...]] = set()
     out: list[Candidate] = []

@@ -203,3 +203,16 @@ def test_decide_shares_stage1_work_between_jobs_of_one_shape() -> None:
     idx = build_index(snap)
     for j in snap.pending:
         assert cands[j.id] == propose(j, snap, CFG, idx)
+
+
+def test_free_devices_stay_in_fill_order_under_updates() -> None:
+    from scheduler.stage1 import FreeDevices
+
+    fd = FreeDevices({"a": 2, "b": 4, "c": 4, "d": 0}, {"a": "r1", "b": "r1", "c": "r2", "d": "r2"})
+    assert list(fd.desc(1)) == ["b", "c", "a"]  # most free first, then name; d has nothing free
+    fd.set("b", 1)
+    fd.set("a", 3)
+    assert list(fd.desc(1)) == ["c", "a", "b"]
+    assert list(fd.desc(2, rack="r1")) == ["a"]
+    fd.set("c", 0)
+    assert dict(fd) == {"a": 3, "b": 1}
