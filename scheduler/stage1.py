@@ -475,8 +475,9 @@ def _evaluate(
         take(best)
 
     by_node: dict[str, list[int]] = {h: [] for h in nodes}
-    for p, h in enumerate(owner):
-        by_node[h].append(p)  # type: ignore[index]
+    for p, holder in enumerate(owner):
+        assert holder is not None  # every shard has a node by now
+        by_node[holder].append(p)
     n = len(ds.shards)
     base = n // job.ranks
     reads: list[ShardRead] = []
@@ -487,15 +488,15 @@ def _evaluate(
         ps = by_node[h]
         extra = len(ps) - counts[h] * base
         i = 0
-        for r in range(counts[h]):
-            take_n = base + (1 if r < extra else 0)
+        for k in range(counts[h]):
+            take_n = base + (1 if k < extra else 0)
             for p in ps[i : i + take_n]:
                 s = ds.shards[p]
                 src, ms = _source(h, ds.sources[p], s.bytes, racks, cfg)
                 if src != h:
                     total_bytes += s.bytes
                     total_ms += ms
-                reads.append(ShardRead(s.index, rank + r, h, src, s.bytes))
+                reads.append(ShardRead(s.index, rank + k, h, src, s.bytes))
             i += take_n
         rank += counts[h]
     return Candidate(job.id, rank_nodes, job.devices_per_rank, tuple(reads), total_bytes, total_ms)
