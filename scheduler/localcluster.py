@@ -149,6 +149,7 @@ class LocalCluster:
 
     def cli(self, *args: str, token: str | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         env = dict(self.env)
+        env.setdefault("COLUMNS", "150")
         if token:
             env["GSCHED_TOKEN"] = token
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=env, capture_output=True, text=True,
