@@ -21,7 +21,11 @@ class FreeLedger:
     """Free devices left in this cycle, node -> count; only nodes with some free devices are kept."""
 
     def __init__(self, index: Stage1Index):
+        self._racks = index.racks
         self.free = FreeDevices({n: index.free[n] for n in index.free_desc}, index.racks)
+        self.held: dict[str, int] = {}
+        self.avail: FreeDevices = self.free  # free devices minus held ones (see hold())
+        self.avail_total = 0
         self.total = sum(self.free.values())
         self.version = 0  # bumped by every take(), so callers can cache views of the ledger
         # rank_cap[k]: how many ranks of k devices the free devices could hold (k = 1..largest node)
@@ -33,6 +37,12 @@ class FreeLedger:
     def _count(self, free: int, sign: int) -> None:
         for k in range(1, self._max_k + 1):
             self.rank_cap[k] += sign * (free // k)
+
+    def hold(self, held: Mapping[str, int]) -> None:
+        """Set devices aside (a reservation): :attr:`avail` is then what is free beyond them."""
+        self.held = dict(held)
+        self.avail = FreeDevices({n: f - self.held.get(n, 0) for n, f in self.free.items()}, self._racks)
+        self.avail_total = sum(self.avail.values())
 
     def may_fit(self, ranks: int, devices_per_rank: int) -> bool:
         """False when the free devices cannot hold the gang however it is placed (O(1))."""
@@ -57,6 +67,11 @@ class FreeLedger:
             self._count(had, -1)
             self._count(left, 1)
             self.free.set(n, left)
+            if self.avail is not self.free:
+                before = self.avail.get(n)
+                after = max(0, left - self.held.get(n, 0))
+                self.avail.set(n, after)
+                self.avail_total += after - before
             self.total -= d
 
 

@@ -32,7 +32,6 @@ from scheduler.placement_types import Candidate, Decision
 from scheduler.policy_config import PolicyConfig
 from scheduler.snapshot import JobView, Snapshot
 from scheduler.stage1 import (
-    FreeDevices,
     Stage1Index,
     build_index,
     candidate_key,
@@ -124,7 +123,6 @@ class TwoStageArbiter:
         ledger = FreeLedger(index)
         bound_ends: list[tuple[float, dict[str, int]]] = []
         res: Reservation | None = None
-        avail_cache: tuple[int, Mapping[str, int], int] | None = None  # (ledger version, free, total)
         possible: dict[tuple[str | None, int, int], bool] = {}
         now = snap.now_s
 
@@ -135,11 +133,7 @@ class TwoStageArbiter:
                 continue
             long_job = res is not None and now + job.time_limit_s > res.start_s
             if res is not None and long_job:
-                if avail_cache is None or avail_cache[0] != ledger.version:
-                    left = {n: f - res.held.get(n, 0) for n, f in ledger.free.items()}
-                    view = FreeDevices(left, index.racks)
-                    avail_cache = (ledger.version, view, sum(view.values()))
-                _, avail, avail_total = avail_cache
+                avail, avail_total = ledger.avail, ledger.avail_total
             else:
                 avail, avail_total = ledger.free, ledger.total
 
@@ -174,6 +168,7 @@ class TwoStageArbiter:
                 if res is None:
                     res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
                     if res is not None:
+                        ledger.hold(res.held)
                         d.reservation = (res.job_id, dict(res.need), res.start_s)
                         reason += f"; devices reserved for it from {fmt_t(res.start_s)}"
                 d.reasons[job.id] = reason

@@ -16,7 +16,6 @@ Phases:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from scheduler.placement_types import Candidate, Decision
@@ -30,7 +29,14 @@ def _shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
 
 
 def _relabel(cands: list[Candidate], job_id: int) -> list[Candidate]:
-    return [c if c.job_id == job_id else dataclasses.replace(c, job_id=job_id) for c in cands]
+    return [
+        c
+        if c.job_id == job_id
+        else Candidate(
+            job_id, c.rank_nodes, c.devices_per_rank, c.reads, c.transfer_bytes, c.transfer_cost_ms
+        )
+        for c in cands
+    ]
 
 
 def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, list[Candidate]], Decision]:  # type: ignore[no-untyped-def]

@@ -573,8 +573,8 @@ def propose(
     in this cycle, or over all devices to ask "where could it run with zero cost?"); nodes missing from
     it have none.  Returns [] when the job cannot be placed over those free devices, can never run
     (:func:`infeasible_reason`), or its data cannot be read (:func:`missing_data_reason`).
-    ``quick`` tries only the data-holders-first and fewest-nodes placements (the arbiters' re-proposals
-    within a cycle, where speed matters more than variety).  Pure and idempotent.
+    ``quick`` tries only the data-holders-first placement (fewest nodes if that fails): for the
+    arbiters' re-proposals within a cycle, where speed matters more than variety.  Pure and idempotent.
     """
     if index is None:
         index = build_index(snap, [job.dataset] if job.dataset else [])
@@ -584,7 +584,9 @@ def propose(
     if ds is not None and ds.missing:
         return []
     fit = _Fit(job, index, free)
-    layouts: list[dict[str, int] | None] = [_holders_first(fit, ds, set()), _fewest_nodes(fit, ds)]
+    layouts: list[dict[str, int] | None] = [_holders_first(fit, ds, set())]
+    if not quick or layouts[0] is None:
+        layouts.append(_fewest_nodes(fit, ds))
     if not quick:
         layouts.append(_spread(fit, ds))
     if job.prefer_nodes:
