@@ -7,6 +7,8 @@ Who calls: the node agent launches one process per rank as
 ``stop_after_epochs``), 143 after SIGTERM (ranks stop together at the next step boundary; the last
 per-epoch checkpoint is the resume point), 2 for a bad rank spec, 1 for any other error (traceback on
 stderr).  Tests call :func:`train` in-process with a process group they initialised.
+``python -m agents.workloads.resnet_ddp --bench`` measures one rank's images/s on random data instead
+(on CUDA: with and without bf16 and channels-last), for the device check.
 
 Rank spec (JSON; unknown keys are refused)::
 
@@ -801,6 +803,65 @@ def _save_checkpoint(
 # ------------------------------------------------------------------------------------------ process
 
 
+def bench(
+    image_shape: tuple[int, int, int] = (32, 32, 3),
+    num_classes: int = 10,
+    batch_size: int = 256,
+    steps: int = 30,
+    warmup_steps: int = 5,
+    device: str = "auto",
+    amp: bool = False,
+    channels_last: bool = False,
+) -> dict[str, Any]:
+    """One rank's training throughput on random data, no process group: the device check's figure.
+
+    Runs ``warmup_steps`` untimed then ``steps`` timed SGD steps of the same model and input path as
+    :func:`train` (uint8 NHWC -> device -> normalise), and returns ``{"images_per_s", "step_time_s",
+    "device", "amp", "channels_last", "batch_size", "image_shape"}``.
+    """
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    dev = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.backends.cudnn.benchmark = True
+    rt = Runtime(dev, amp, channels_last, 0)
+    torch.manual_seed(0)
+    model = build_model(num_classes, image_shape).to(dev)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    x = torch.randint(0, 256, (batch_size, *image_shape), dtype=torch.uint8)
+    y = torch.randint(0, num_classes, (batch_size,))
+    if use_cuda:
+        x, y = x.pin_memory(), y.pin_memory()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        batch = [(to_input(x, dev, channels_last), y.to(dev, non_blocking=True))]
+        backward_accumulated(model, batch, criterion, rt.autocast)
+        opt.step()
+
+    for _ in range(warmup_steps):
+        step()
+    if use_cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if use_cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    return {
+        "images_per_s": steps * batch_size / elapsed,
+        "step_time_s": elapsed / steps,
+        "device": torch.cuda.get_device_name(dev) if use_cuda else "cpu",
+        "amp": "bf16" if amp else "off",
+        "channels_last": channels_last,
+        "batch_size": batch_size,
+        "image_shape": list(image_shape),
+    }
+
+
 def _threads(local_world_size: int) -> int:
     env = os.environ.get("GSCHED_THREADS")
     if env:
@@ -810,8 +871,34 @@ def _threads(local_world_size: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.workloads.resnet_ddp")
-    parser.add_argument("--spec", required=True, help="path of this rank's RANKSPEC.json")
+    parser.add_argument("--spec", help="path of this rank's RANKSPEC.json")
+    parser.add_argument(
+        "--bench",
+        action="store_true",
+        help="instead of training: one rank's images/s on random data, with and without bf16 and "
+        "channels-last (on CUDA), one JSON line each",
+    )
+    parser.add_argument("--bench-size", type=int, default=32, help="image side for --bench (default 32)")
+    parser.add_argument("--bench-batch", type=int, default=256, help="batch for --bench (default 256)")
+    parser.add_argument("--bench-steps", type=int, default=30, help="timed steps for --bench (default 30)")
     args = parser.parse_args(argv)
+    if args.bench:
+        torch.set_num_threads(_threads(1))
+        variants = [(False, False), (True, False), (False, True), (True, True)]
+        if not torch.cuda.is_available():
+            variants = [(False, False)]
+        for amp, cl in variants:
+            figures = bench(
+                (args.bench_size, args.bench_size, 3),
+                batch_size=args.bench_batch,
+                steps=args.bench_steps,
+                amp=amp,
+                channels_last=cl,
+            )
+            print(json.dumps(figures), flush=True)
+        return 0
+    if not args.spec:
+        parser.error("--spec is required (or --bench)")
     try:
         with open(args.spec, encoding="utf-8") as f:
             spec = parse_spec(json.load(f))

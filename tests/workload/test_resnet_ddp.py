@@ -269,6 +269,7 @@ def test_sigterm_stops_every_rank_cleanly(tmp_path):
 # --------------------------------------------------------------------------------------- accuracy
 
 
+@pytest.mark.slow
 def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
     # 1,797 digits (16x16) in 4 shards, 2 ranks with 2 shards each; 10% held out -> 180 for accuracy.
     # Batch 32 per rank, lr 0.4 for 256 -> peak 0.1 for the global batch of 64; cosine over 3 epochs.
@@ -367,3 +368,10 @@ def test_bad_spec_file_exits_2_with_the_reason(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "train.lr is required" in out.stderr
+
+
+def test_bench_reports_images_per_second_on_cpu():
+    from agents.workloads.resnet_ddp import bench
+
+    figures = bench((8, 8, 3), batch_size=4, steps=1, warmup_steps=1, device="cpu")
+    assert figures["images_per_s"] > 0 and figures["device"] == "cpu" and figures["amp"] == "off"
