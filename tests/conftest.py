@@ -1,0 +1,56 @@
+"""Fixtures shared by the suites: a real local cluster (server + agents on loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler.localcluster import LocalCluster, NodeSpec
+
+# Small, learnable and quick on 2 cores: 4 classes of 8x8 RGB images.
+TINY_SOURCE = "synthetic:classes=4,samples=480,size=8,seed=5"
+
+
+def job_toml(name: str = "t", *, ranks: int = 2, gpus: int = 1, dataset: str = "tiny", epochs: int = 2,
+             batch: int = 16, lr: float = 0.05, extra: str = "", limits: str = 'time = "10m"') -> str:
+    return (f'name = "{name}"\n[resources]\nranks = {ranks}\ngpus_per_rank = {gpus}\n[data]\ndataset = "{dataset}"\n'
+            f"[train]\nepochs = {epochs}\nbatch_size = {batch}\nlr = {lr}\n{extra}\n[limits]\n{limits}\n")
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator:
+    made: list[LocalCluster] = []
+
+    def factory(nodes: list[NodeSpec], **kw) -> LocalCluster:  # type: ignore[no-untyped-def]
+        c = LocalCluster(tmp_path / f"cluster{len(made)}", nodes, **kw)
+        made.append(c)
+        return c
+
+    yield factory
+    for c in made:
+        c.close()
+
+
+def rank_processes(job_id: int) -> list[int]:
+    """PIDs of live rank processes of ``job_id`` on this machine (read from /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            if b"agents.workloads.resnet_ddp" not in cmd:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        if "State:\tZ" in status:
+            continue
+        if f"GSCHED_JOB_ID={job_id}".encode() in env:
+            pids.append(int(d.name))
+    return pids
+
+
