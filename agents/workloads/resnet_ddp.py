@@ -29,7 +29,7 @@ Rank spec (JSON; unknown keys are refused)::
         "lr_scaling": "linear",   # "linear" | "none"
         "warmup_epochs": 0,       # linear warmup (may be fractional), then cosine decay to 0
         "loader_workers": "auto", # int, or "auto": 0 on CPU, min(4, cores per rank) on CUDA
-        "eval_every": 1,          # held-out accuracy every N epochs (and always after the last)
+        "eval_every": 1,          # held-out accuracy every N epochs and after the last; 0: never
         "seed": 0,
         "backend": "auto",        # "auto" | "gloo" | "nccl"   (auto: nccl with CUDA, else gloo)
         "device": "auto",         # "auto" | "cpu" | "cuda"    (auto: cuda when visible)
@@ -218,7 +218,7 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
         "loader_workers",
         '"auto" or an integer >= 0',
     )
-    need(is_int(cfg.eval_every) and cfg.eval_every >= 1, "eval_every", "an integer >= 1")
+    need(is_int(cfg.eval_every) and cfg.eval_every >= 0, "eval_every", "an integer >= 0")
     need(is_int(cfg.seed), "seed", "an integer")
     need(cfg.channels_last in ("auto", True, False), "channels_last", '"auto", true or false')
     need(isinstance(cfg.hflip, bool), "hflip", "true or false")
@@ -732,7 +732,7 @@ def train(
 
         accuracy = None
         eval_samples = 0
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             correct, count = evaluate(model, eval_ds, rt)
             correct, count = _allreduce([correct, count], dist.ReduceOp.SUM, rt.device)
             accuracy = correct / count if count else None
