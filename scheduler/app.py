@@ -135,6 +135,12 @@ def create_app(ctx: Any) -> FastAPI:
         ctx.poke()
         return out
 
+    @app.get("/v1/transfers")
+    def transfers(request: Request) -> list[dict[str, Any]]:
+        who(request)
+        with db.session() as s:
+            return svc.transfer_rows(s)
+
     @app.get("/v1/datasets")
     def datasets(request: Request) -> list[dict[str, Any]]:
         who(request)

@@ -381,6 +381,15 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
     return out
 
 
+def transfer_rows(s: Session) -> list[dict[str, Any]]:
+    """Bytes moved per node pair: staging for jobs and re-replication, finished transfers only."""
+    q = (select(Transfer.src, Transfer.dst, Transfer.job_id.is_(None), func.count(), func.sum(Transfer.bytes))
+         .where(Transfer.state == "done", Transfer.src != Transfer.dst)
+         .group_by(Transfer.src, Transfer.dst, Transfer.job_id.is_(None)))
+    return [{"src": src, "dst": dst, "kind": "replication" if repl else "staging", "transfers": n, "bytes": int(b or 0)}
+            for src, dst, repl, n, b in s.execute(q)]
+
+
 def delete_job_data(s: Session, job_id: int) -> None:  # used by tests that reset state
     for model in (Rank, ShardAssignment, Metric, Checkpoint, LogChunk, Transfer):
         s.execute(delete(model).where(model.job_id == job_id))  # type: ignore[attr-defined]
