@@ -37,7 +37,7 @@ Rank spec (JSON; unknown keys are refused)::
         "channels_last": "auto",  # "auto" | true | false      (auto: true on CUDA)
         "momentum": 0.9,
         "weight_decay": 5e-4,
-        "hflip": true,            # random horizontal flip (turn off for digits/text)
+        "hflip": "auto",          # random horizontal flip: true | false | "auto" (3-channel only)
         "crop_padding": "auto"    # int, or "auto": max(1, image size // 8) pixels
       }
     }
@@ -55,6 +55,9 @@ What the knobs trade:
 * ``loader_workers``: decode and augment in background processes; on CUDA they hide input time
   behind the GPU, on a small CPU node they compete with the training threads.
 * ``eval_every``: held-out accuracy costs a pass over one tenth of the data.
+* ``hflip``: mirroring doubles the variety of natural images but turns glyphs into other glyphs.
+  ``"auto"`` flips colour (3-channel) images only, a heuristic aimed at the grey ``digits`` source
+  (one run each here: 95% held-out accuracy after 3 epochs without flips, 41% with them).
 
 Data: each rank streams only its own shard files, one sample at a time.  The sample at position
 ``p`` of a shard (0-based) is held out for accuracy when ``p % 10 == 0``; the rest is the training
@@ -138,7 +141,7 @@ class TrainConfig:
     channels_last: bool | str = "auto"
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    hflip: bool = True
+    hflip: bool | str = "auto"
     crop_padding: int | str = "auto"
 
 
@@ -221,7 +224,7 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
     need(is_int(cfg.eval_every) and cfg.eval_every >= 0, "eval_every", "an integer >= 0")
     need(is_int(cfg.seed), "seed", "an integer")
     need(cfg.channels_last in ("auto", True, False), "channels_last", '"auto", true or false')
-    need(isinstance(cfg.hflip, bool), "hflip", "true or false")
+    need(cfg.hflip in ("auto", True, False), "hflip", '"auto", true or false')
     need(
         cfg.crop_padding == "auto" or (is_int(cfg.crop_padding) and int(cfg.crop_padding) >= 0),
         "crop_padding",
@@ -629,7 +632,8 @@ def train(
         )
 
     pad = max(1, image_shape[0] // 8) if cfg.crop_padding == "auto" else int(cfg.crop_padding)
-    train_ds = ShardStream(spec.shards, cfg.batch_size, True, cfg.seed, rank, cfg.hflip, pad)
+    hflip = image_shape[2] == 3 if cfg.hflip == "auto" else bool(cfg.hflip)
+    train_ds = ShardStream(spec.shards, cfg.batch_size, True, cfg.seed, rank, hflip, pad)
     eval_ds = ShardStream(spec.shards, cfg.batch_size * 2, False, cfg.seed, rank)
     micro_local = train_ds.batches_per_epoch(counts, rt.loader_workers)
     steps_per_epoch = int(_allreduce([micro_local // cfg.grad_accum_steps], dist.ReduceOp.MIN, rt.device)[0])
