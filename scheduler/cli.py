@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", default=None)
     sim.add_argument("--failures", default=None)
 
+    sim.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
+    sim.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
     dm2 = sp["demo"]
     dm2.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
     dm2.add_argument("--epochs", type=int, default=3)
