@@ -217,8 +217,9 @@ class RankRunner(threading.Thread):
     def _launch(self, paths: list[str], resume: str | None, port: int) -> None:
         a = self.a
         train = dict(a.get("train", {}))
-        if "channels_last" in train:
-            train["channels_last"] = {"on": True, "off": False}.get(train["channels_last"], train["channels_last"])
+        for knob in ("channels_last", "hflip"):  # job.toml says on/off/auto; the rank spec takes booleans
+            if knob in train:
+                train[knob] = {"on": True, "off": False}.get(train[knob], train[knob])
         spec = {"job_id": a["job_id"], "shards": paths, "num_classes": a.get("num_classes", 10),
                 "checkpoint_dir": str(checkpoint_dir(self.agent.data_dir, a["job_id"])), "resume_from": resume,
                 "metrics_path": str(self.metrics_path), "train": train}

@@ -104,7 +104,7 @@ def create_app(ctx: Any) -> FastAPI:
         from scheduler.heartbeat import process_heartbeat
 
         with db.session() as s:
-            reply = process_heartbeat(s, ctx.clock.now(), me, body)
+            reply = process_heartbeat(s, ctx.clock.now(), me, body, ctx.settings.heartbeat_ttl_s)
         if any(r.state in ("EXITED", "KILLED") for r in body.ranks):
             ctx.poke()  # devices were freed: schedule soon
         reply["heartbeat_s"] = ctx.settings.heartbeat_s

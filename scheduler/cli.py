@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER or http://127.0.0.1:8470)")
     p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else $GSCHED_HOME/admin.token)")
     p.add_argument("--ca", help="CA bundle to verify an HTTPS server")
+    p.add_argument("--install-completion", nargs="?", const="install", choices=["install", "print"], default=None,
+                   help="bash completion: install it under ~/.local/share/bash-completion (or print it)")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -102,13 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
 
     q = sp["queue"]
-    q.add_argument("--json", action="store_true")
-    q.add_argument("--watch", action="store_true")
-    q.add_argument("--all", action="store_true", help="include finished jobs")
-    q.add_argument("--user")
-    q.add_argument("--state")
-    q.add_argument("--mine", action="store_true")
-    q.add_argument("--interval", type=float, default=1.0)
+    q.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
+                   "and reason_text")
+    q.add_argument("--watch", "-w", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
+    q.add_argument("--all", action="store_true", help="include every finished job (--watch shows the last 10 minutes')")
+    q.add_argument("--user", help="only this user's jobs")
+    q.add_argument("--state", help="only jobs in these states, comma-separated (pending,running)")
+    q.add_argument("--mine", action="store_true", help="only my jobs (the token's user)")
+    q.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)")
 
     for verb in ("show", "explain"):
         sp[verb].add_argument("job", type=int)
@@ -126,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
 
     pl = sp["plot"]
-    pl.add_argument("job", type=int, nargs="?")
-    pl.add_argument("--cluster", action="store_true")
-    pl.add_argument("-o", "--output", required=True)
+    pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw")
+    pl.add_argument("--cluster", action="store_true", help="device utilisation and queue length over time instead")
+    pl.add_argument("--last", default=None, help="with --cluster: only this recent span (90s, 30m, 6h, 2d)")
+    pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
 
     sim = sp["simulate"]
     sim.add_argument("--trace", required=True)
@@ -141,9 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--plot", default=None)
     sim.add_argument("--failures", default=None)
-
     sim.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
     sim.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
+
     dm2 = sp["demo"]
     dm2.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
     dm2.add_argument("--epochs", type=int, default=3)
@@ -153,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.install_completion:
+        from scheduler.completion import install_completion
+
+        return install_completion(parser, args.install_completion)
     if not args.verb:
         parser.print_help()
         return 2
@@ -299,8 +308,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     request_id = args.request_id or uuid.uuid4().hex
     c = client(args)
-    last: ApiError | None = None
-    for attempt in range(5):  # retry lost responses with the same request id: never two jobs
+    deadline = time.monotonic() + float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "60"))
+    attempt = 0
+    while True:  # retry lost responses with the same request id: never two jobs
         try:
             out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})
             break
@@ -309,10 +319,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(f"gsched submit: {args.file}: {e.message}", file=sys.stderr)
                 return 1
             last = e
-            time.sleep(min(2.0, 0.2 * 2**attempt))
-    else:
-        assert last is not None
-        raise last
+            if time.monotonic() > deadline:
+                raise last from None
+            time.sleep(min(1.0, 0.1 * 2**attempt))
+            attempt += 1
     print(out["id"])
     return 0
 
@@ -329,20 +339,39 @@ def _filter(view: dict[str, Any], args: argparse.Namespace, me: str | None) -> d
     return {**view, "jobs": jobs}
 
 
+RECENT_S = 600.0  # --watch keeps finished jobs on screen this long
+
+
+def _filter_note(args: argparse.Namespace, me: str | None) -> str:
+    parts = [f"user={args.user}"] * bool(args.user) + [f"state={args.state}"] * bool(args.state)
+    return ("filter: " + " ".join(parts + [f"mine ({me})"] * bool(args.mine and me))) if (parts or args.mine) else ""
+
+
 def cmd_queue(args: argparse.Namespace) -> int:
     c = client(args)
     me = c.get("/v1/whoami")["name"] if args.mine else None
     if args.watch:
         from scheduler.watch import watch
 
-        return watch(c, lambda v: _filter(v, args, me), args.interval, include_done=True)
-    view = _filter(c.get("/v1/jobs", all="true" if args.all else None), args, me)
+        def select(view: dict[str, Any]) -> dict[str, Any]:
+            view = _filter(view, args, me)
+            if args.all or args.state:
+                return view
+            recent = view["time"] - RECENT_S
+            done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+            return {**view, "jobs": [j for j in view["jobs"]
+                                     if j["state"] not in done or (j.get("ended_at") or 0) >= recent]}
+
+        return watch(c, select, args.interval, include_done=True, note=_filter_note(args, me))
+    view = _filter(c.get("/v1/jobs", all="true" if args.all or args.state else None), args, me)
     if args.json:
-        _json(view)
+        from scheduler.queuefacts import job_facts
+
+        _json({**view, "jobs": [{**j, **job_facts(j, view["time"])} for j in view["jobs"]]})
         return 0
     from scheduler.render import print_queue
 
-    print_queue(view)
+    print_queue(view, note=_filter_note(args, me))
     return 0
 
 
@@ -429,17 +458,31 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plot(args: argparse.Namespace) -> int:
-    from scheduler.plots import plot_cluster, plot_job
+def _span_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise ValueError(f"--last {text!r}: give a span like 90s, 30m, 6h or 2d") from None
 
-    c = client(args)
-    if args.cluster:
-        plot_cluster(c.get("/v1/cluster/history"), args.output)
-    elif args.job is not None:
-        plot_job(c.get(f"/v1/jobs/{args.job}"), args.output)
-    else:
-        print("gsched plot: give a JOB or --cluster", file=sys.stderr)
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    if args.cluster == (args.job is not None):
+        print("gsched plot: give a JOB or --cluster (one of them)", file=sys.stderr)
         return 2
+    c = client(args)
+    try:
+        since = None
+        if args.cluster and args.last:
+            since = c.get("/v1/health")["time"] - _span_s(args.last)
+        doc = c.get("/v1/cluster/history", since=since) if args.cluster else c.get(f"/v1/jobs/{args.job}")
+        from scheduler.plots import plot_cluster, plot_job
+
+        (plot_cluster if args.cluster else plot_job)(doc, args.output)
+    except (ValueError, OSError) as e:
+        print(f"gsched plot: {e}", file=sys.stderr)
+        return 1
     print(args.output)
     return 0
 

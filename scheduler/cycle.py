@@ -70,7 +70,7 @@ def run_cycle(db: Database, settings: Any, now: float) -> CycleReport:
     with db.session() as s:
         report.counts["expired"] = phase("expire", lambda: expire_nodes(s, now, settings.heartbeat_ttl_s))
     with db.session() as s:
-        report.counts["timeouts"] = phase("limits", lambda: enforce_time_limits(s, now))
+        report.counts["timeouts"] = phase("limits", lambda: enforce_time_limits(s, now, settings.heartbeat_ttl_s))
     with db.session() as s:
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
     with db.session() as s:
@@ -113,9 +113,15 @@ def expire_nodes(s: Session, now: float, ttl_s: float) -> int:
 # ------------------------------------------------------------------ 2. limits
 
 
-def enforce_time_limits(s: Session, now: float) -> int:
+def enforce_time_limits(s: Session, now: float, failure_grace_s: float = 0.0) -> int:
+    """End jobs past their time limit (TIMEOUT); settle rank failures whose grace has passed."""
+    from scheduler.heartbeat import sync_job
+
     n = 0
     for job in s.scalars(select(Job).where(Job.state.in_(st.ACTIVE))):
+        sync_job(s, now, job, failure_grace_s)
+        if job.state not in st.ACTIVE:
+            continue
         limit = int(job.spec.get("limits", {}).get("time", 3600))
         start = job.started_at
         if start is not None and now - start > limit:

@@ -31,7 +31,7 @@ from scheduler.service import finish_job, peer_key, record, requeue_job
 LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
 
 
-def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat) -> dict[str, Any]:
+def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0) -> dict[str, Any]:
     if not who.is_agent or who.name != hb.node:
         raise Forbidden(f"this token may not report for node {hb.node!r}")
     node = s.get(Node, hb.node)
@@ -61,7 +61,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat) -> d
     for job_id in sorted(touched):
         job = s.get(Job, job_id)
         if job is not None:
-            sync_job(s, now, job)
+            sync_job(s, now, job, failure_grace_s)
     s.flush()
     return _reply(s, hb.node, kill)
 
@@ -209,8 +209,14 @@ def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
                 node.staged_bytes += t.bytes
 
 
-def sync_job(s: Session, now: float, job: Job) -> None:
-    """Derive an active job's state from the ranks of its current attempt (idempotent)."""
+def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> None:
+    """Derive an active job's state from the ranks of its current attempt (idempotent).
+
+    A rank that exited non-zero fails the job only ``failure_grace_s`` after it exited (the cycle
+    calls this again): when a node dies, its peers' ranks fail at once on the broken connection, and
+    the grace (the heartbeat TTL) lets the node's loss be noticed first, so the job is requeued and
+    resumed rather than failed.
+    """
     if job.state not in st.ACTIVE:
         return
     ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
@@ -218,6 +224,8 @@ def sync_job(s: Session, now: float, job: Job) -> None:
         return
     failed = [r for r in ranks if r.state == st.R_EXITED and r.exit_code != 0]
     if failed:
+        if now - min(r.ended_at or now for r in failed) < failure_grace_s:
+            return
         r = min(failed, key=lambda r: r.rank)
         tail = "\n".join((r.log_tail or "").strip().splitlines()[-10:])
         why = f"rank {r.rank} on {r.node} exited with code {r.exit_code}"

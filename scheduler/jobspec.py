@@ -69,6 +69,15 @@ class Train(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["auto", "bf16", "off"] = "auto"
     channels_last: Literal["auto", "on", "off"] = "auto"
+    hflip: Literal["auto", "on", "off"] = "auto"  # auto: flip 3-channel images only (not digits)
+    crop_padding: int | Literal["auto"] = Field("auto")  # random-crop padding in pixels; auto: side // 8
+
+    @field_validator("crop_padding")
+    @classmethod
+    def _padding(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= 64:
+            raise ValueError("must be between 0 and 64, or 'auto'")
+        return v
 
     @field_validator("lr", "momentum", "weight_decay", mode="before")
     @classmethod

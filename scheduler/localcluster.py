@@ -114,6 +114,32 @@ class LocalCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
+    def kill_node(self, node: str) -> None:
+        """A node dies: SIGKILL its agent and every rank process it started (found by data dir)."""
+        self.kill(f"agent-{node}", signal.SIGKILL)
+        marker = str(self.data_dir(node).resolve()).encode()
+        for pid in self.rank_pids():
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def rank_pids(self) -> list[int]:
+        """Live rank processes started by this cluster's agents (read from /proc)."""
+        root = str(self.root.resolve()).encode()
+        pids = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                if b"agents.workloads.resnet_ddp" in cmd and root in cmd and "State:\tZ" not in (d / "status").read_text():
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+        return pids
+
     def close(self) -> None:
         for name in sorted(self.procs, key=lambda n: n == "server"):  # agents first, server last
             proc = self.procs[name]
@@ -133,6 +159,11 @@ class LocalCluster:
             except (ProcessLookupError, PermissionError):
                 pass
         self.procs.clear()
+        for pid in self.rank_pids():  # ranks of agents that were SIGKILLed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     # ------------------------------------------------------------ clients and commands
     def admin_token(self) -> str:

@@ -1,181 +1,453 @@
-"""Human views of the API's JSON with rich (imported here only, so JSON output stays fast)."""
+"""Human views of the API's JSON with rich (imported only here, so ``--json`` output stays fast).
+
+Who calls: the CLI (``queue``, ``show``, ``explain``, ``nodes``, ``share``), ``watch`` and the demo.
+Every view is a pure function of the API document and the server's time (the view's ``"time"``), so
+a recording console renders it byte for byte the same in tests.  The queue view fits itself to the
+width it is given: below about 120 columns it drops the columns a person misses least (priority
+factor, epochs, local reads, nodes, ...) and abbreviates names, so each job stays on one line.
+Colour is only ever a second cue: states and bars read the same with ``NO_COLOR``.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from typing import Any
 
-from rich.console import Console, Group
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from scheduler.queuefacts import elapsed_s, epochs_progress, eta_s, human_bytes, human_s, plain_reason
+
+__all__ = ["QueueView", "explain", "human_bytes", "human_s", "job_detail", "jobs_table", "nodes_table",
+           "print_queue", "queue_renderable", "share_table"]
+
 STATE_STYLE = {"PENDING": "yellow", "BOUND": "cyan", "STAGING": "cyan", "RUNNING": "green", "COMPLETED": "bold green",
-               "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "up": "green", "down": "red"}
+               "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "up": "green", "down": "red",
+               "EXITED": "green", "KILLED": "magenta", "ASSIGNED": "cyan"}
+
+# Columns of the jobs table, in the order they are dropped when the terminal is too narrow (first
+# dropped first).  ID, NAME, STATE, TIME and REASON always stay.  Below WIDE columns, EPOCH and ETA
+# move into the reason column (then headed NOTE): "epoch 2/5, ETA 7m30s".
+DROP_ORDER = ("FACTOR", "LOCAL", "EPOCH", "NODES", "ETA", "USER", "RxD")
+WIDE = 120       # at least this many columns: every column, share and nodes side by side
+REASON_MIN = 24  # the reason column keeps at least this much room before other columns are dropped
 
 
-def human_bytes(n: float | None) -> str:
-    n = float(n or 0)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+def _style(state: str) -> str:
+    return STATE_STYLE.get(state, "")
 
 
-def human_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+def _bar(filled: int, total: int, ascii_only: bool) -> str:
+    on, off = ("#", ".") if ascii_only else ("■", "□")
+    return on * max(0, filled) + off * max(0, total - filled)
 
 
-def _eta(job: dict[str, Any], now: float) -> str:
-    done, total = job.get("epochs_done") or 0, job.get("epochs") or 0
-    if job["state"] != "RUNNING" or not done or not job.get("started_at"):
-        return "-"
-    per = (now - job["started_at"]) / done
-    return human_s(per * max(0, total - done))
+def _abbrev(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 1)] + "~"
 
 
-def jobs_table(view: dict[str, Any], now: float | None = None) -> Table:
+def _nodes_cell(nodes: list[str], width: int) -> str:
+    """``n1,n2,n3`` or, past ``width``, as many names as fit and a count: ``n1,n2,+3``."""
+    text = ",".join(nodes)
+    if len(text) <= width:
+        return text or "-"
+    shown: list[str] = []
+    for i, n in enumerate(nodes):
+        rest = f",+{len(nodes) - i}"
+        if len(",".join([*shown, n])) + len(f",+{len(nodes) - i - 1}") > width:
+            return (",".join(shown) + rest) if shown else f"{n[: width - len(rest)]}{rest}"
+        shown.append(n)
+    return text  # pragma: no cover - the loop returns once the text is too long
+
+
+# ------------------------------------------------------------------ the queue
+
+
+SHORT_STATE = {"COMPLETED": "DONE", "CANCELLED": "CANCEL"}  # narrow terminals: every state fits 7 columns
+
+
+def _job_cells(j: dict[str, Any], now: float, narrow: bool) -> dict[str, str]:
+    epochs = j.get("epochs") or 0
+    eta = eta_s(j, now)
+    cells = {
+        "ID": str(j["id"]),
+        "USER": j["user"],
+        "NAME": _abbrev(j["name"], 10 if narrow else 20),
+        "STATE": SHORT_STATE.get(j["state"], j["state"]) if narrow else j["state"],
+        "RxD": f"{j['ranks']}x{j['gpus_per_rank']}",
+        "NODES": _nodes_cell(j.get("nodes") or [], 12 if narrow else 24),
+        "LOCAL": f"{100 * (j.get('local_fraction') or 0):.0f}%" if j.get("nodes") else "-",
+        "FACTOR": f"{j.get('factor') or 0:.2f}",
+        "TIME": human_s(elapsed_s(j, now)),
+        "EPOCH": f"{int(epochs_progress(j))}/{epochs}" if epochs else "-",
+        "ETA": human_s(eta) if eta is not None else "-",
+        "REASON": plain_reason(j, now),
+    }
+    if narrow and j["state"] == "RUNNING":  # no EPOCH/ETA columns: say it in the note
+        progress = f"epoch {cells['EPOCH']}" + (f", ETA {cells['ETA']}" if eta is not None else "")
+        cells["REASON"] = f"{progress}; {cells['REASON']}" if cells["REASON"] else progress
+    return cells
+
+
+COLUMNS: dict[str, dict[str, Any]] = {
+    "ID": {"justify": "right"}, "USER": {}, "NAME": {}, "STATE": {}, "RxD": {"justify": "right"}, "NODES": {},
+    "LOCAL": {"justify": "right"}, "FACTOR": {"justify": "right"}, "TIME": {"justify": "right"},
+    "EPOCH": {"justify": "right"}, "ETA": {"justify": "right"}, "REASON": {},
+}
+HEADERS = {"RxD": "RANKS", "TIME": "WAIT/RUN"}
+SEP = 2  # characters between two columns (the table's right padding plus its blank divider)
+
+
+def fit_columns(headers: dict[str, str], rows: list[dict[str, str]], width: int, drop_order: tuple[str, ...],
+                flex: str | None = None, flex_min: int = REASON_MIN) -> tuple[list[str], dict[str, int]]:
+    """Which columns fit ``width`` and how wide each is.
+
+    Every column but ``flex`` is as wide as its widest cell (never wrapped); ``drop_order`` columns are
+    removed, first first, until the rest plus ``min(flex's natural width, flex_min)`` fit.  ``flex``
+    (the reason) gets what is left and is cut with an ellipsis.
+    """
+    cols = list(headers)
+    natural = {c: max([len(headers[c])] + [len(r[c]) for r in rows]) for c in cols}
+
+    def fixed(cs: list[str]) -> int:
+        return sum(natural[c] for c in cs if c != flex) + SEP * (len(cs) - 1)
+
+    def fits(cs: list[str]) -> bool:
+        return fixed(cs) + (min(natural[flex], flex_min) if flex in cs else 0) <= width
+
+    for victim in drop_order:
+        if fits(cols):
+            break
+        if victim in cols:
+            cols.remove(victim)
+    widths = {c: natural[c] for c in cols}
+    if flex in cols:
+        widths[flex] = max(1, min(natural[flex], width - fixed(cols)))
+    return cols, widths
+
+
+def _fitted_table(title: str | None, headers: dict[str, str], cols: list[str], widths: dict[str, int],
+                  justify: dict[str, str], wrap: str | None = None) -> Table:
+    """A table of ``fit_columns``' result; only the ``wrap`` column may take more than one line."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=False,
+              header_style="bold", title=title, title_justify="left", title_style="bold")
+    for c in cols:
+        t.add_column(headers[c], justify=justify.get(c, "left"), no_wrap=c != wrap,  # type: ignore[arg-type]
+                     overflow="fold" if c == wrap else "ellipsis", width=widths[c])
+    return t
+
+
+def jobs_table(view: dict[str, Any], width: int = 150, now: float | None = None) -> Table:
+    """One line per job, fitted to ``width`` columns (see ``fit_columns``)."""
     now = now if now is not None else view.get("time", time.time())
-    t = Table(title="jobs", title_justify="left", expand=False, pad_edge=False)
-    for col, kw in [("ID", {"justify": "right"}), ("USER", {}), ("NAME", {"overflow": "ellipsis", "max_width": 18}),
-                    ("STATE", {}), ("RANKSxDEV", {"justify": "center"}), ("NODES", {"overflow": "fold"}),
-                    ("LOCAL", {"justify": "right"}), ("PRIO", {"justify": "right"}), ("TIME", {"justify": "right"}),
-                    ("EPOCH", {"justify": "right"}), ("ETA", {"justify": "right"}), ("REASON", {"overflow": "fold", "ratio": 1})]:
-        t.add_column(col, **kw)
-    for j in view.get("jobs", []):
-        running = j["state"] in ("RUNNING", "STAGING", "BOUND")
-        if j["state"] == "PENDING":
-            waited = now - j["pending_since"]
-        elif running:
-            waited = now - (j.get("started_at") or j["pending_since"])
-        else:
-            waited = (j.get("ended_at") or now) - (j.get("started_at") or j["submitted_at"])
-        reason = j.get("reason", "") if j["state"] in ("PENDING", "FAILED", "TIMEOUT", "CANCELLED") else ""
-        stage = (j.get("progress") or {}).get("staging")
-        if j["state"] == "STAGING" and stage:
-            got = sum(v.get("bytes", 0) for v in stage.values())
-            tot = sum(v.get("total", 0) for v in stage.values())
-            reason = f"staging {human_bytes(got)}/{human_bytes(tot)}"
-        t.add_row(str(j["id"]), j["user"], j["name"], Text(j["state"], style=STATE_STYLE.get(j["state"], "")),
-                  f"{j['ranks']}x{j['gpus_per_rank']}", ",".join(j.get("nodes") or []) or "-",
-                  f"{100 * (j.get('local_fraction') or 0):.0f}%" if j.get("nodes") else "-",
-                  f"{j.get('factor', 0):.2f}", human_s(waited), f"{j.get('epochs_done', 0)}/{j.get('epochs', 0)}",
-                  _eta(j, now), reason.splitlines()[0] if reason else "")
-    if not view.get("jobs"):
-        t.add_row("", "", "(no jobs)", "", "", "", "", "", "", "", "", "")
+    jobs = view.get("jobs", [])
+    narrow = width < WIDE
+    rows = [_job_cells(j, now, narrow) for j in jobs]
+    headers = {c: HEADERS.get(c, c) for c in COLUMNS if not (narrow and c in ("EPOCH", "ETA"))}
+    if narrow:
+        headers["REASON"] = "NOTE"
+    cols, widths = fit_columns(headers, rows, width, DROP_ORDER, flex="REASON")
+    # Wide terminals show whole reasons (wrapped); narrow ones keep one line per job and cut them.
+    t = _fitted_table(None, headers, cols, widths, {c: kw.get("justify", "left") for c, kw in COLUMNS.items()},
+                      wrap=None if narrow else "REASON")
+    for j, r in zip(jobs, rows, strict=True):
+        cells: list[RenderableType] = []
+        for c in cols:
+            if c == "STATE":
+                cells.append(Text(r[c], style=_style(j["state"])))
+            elif c == "REASON" and j["state"] in ("FAILED", "TIMEOUT"):
+                cells.append(Text(r[c], style="red"))
+            else:
+                cells.append(r[c])
+        t.add_row(*cells)
     return t
 
 
-def share_table(users: list[dict[str, Any]]) -> Table:
-    t = Table(title="fair share", title_justify="left", pad_edge=False)
-    for col in ("USER", "SHARES", "NORM", "USAGE (dev-s)", "FACTOR"):
-        t.add_column(col, justify="left" if col == "USER" else "right")
+def share_table(users: list[dict[str, Any]], ascii_only: bool = False) -> Table:
+    """Per user: shares (and their normalised part), decayed usage as device time, factor with a bar."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold",
+              title="fair share", title_justify="left", title_style="bold")
+    for col in ("USER", "SHARES", "USAGE", "FACTOR"):
+        t.add_column(col, justify="left" if col in ("USER", "FACTOR") else "right", no_wrap=True)
     for u in users:
-        t.add_row(u["user"], f"{u['shares']:g}", f"{u.get('norm_shares', 0):.2f}", f"{u['usage']:.0f}",
-                  f"{u['factor']:.3f}")
+        f = float(u.get("factor") or 0)
+        bar = _bar(round(10 * f), 10, ascii_only)
+        colour = "green" if f >= 0.5 else "yellow" if f >= 0.25 else "red"
+        t.add_row(u["user"], f"{u['shares']:g} ({100 * (u.get('norm_shares') or 0):.0f}%)",
+                  human_s(u.get("usage") or 0), Text.assemble((f"{f:.2f} ", ""), (bar, colour)))
+    if not users:
+        t.add_row("(no users)", "", "", "")
     return t
 
 
-def nodes_table(nodes: list[dict[str, Any]]) -> Table:
-    t = Table(title="nodes", title_justify="left", pad_edge=False)
-    for col in ("NODE", "RACK", "STATE", "DEVICES", "BUSY", "SHARDS", "STAGED IN", "LAST SEEN"):
-        t.add_column(col, justify="right" if col in ("DEVICES", "BUSY", "SHARDS", "STAGED IN") else "left")
-    now = time.time()
+NODE_HEADERS = {"NODE": "NODE", "RACK": "RACK", "STATE": "STATE", "DEVICES": "DEVICES BUSY", "SHARDS": "SHARDS",
+                "STAGED": "STAGED IN", "SEEN": "HEARTBEAT"}
+NODE_DROP_ORDER = ("RACK", "STAGED", "SHARDS", "SEEN")
+
+
+def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_only: bool = False,
+                width: int = 150) -> Table:
+    """Per node: health, devices busy/total as a bar, shards held, bytes staged in, heartbeat age."""
+    now = now if now is not None else time.time()
+    rows = []
     for n in nodes:
-        busy = n["devices"] - n["devices_free"] if n["state"] == "up" else 0
-        bar = "#" * busy + "." * max(0, n["devices"] - busy)
-        t.add_row(n["name"], n["rack"], Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
-                  f"{n['devices']} {n.get('device_kind', '')}", bar or "-", str(n.get("shards", 0)),
-                  human_bytes(n.get("staged_bytes")), f"{human_s(now - n['last_seen'])} ago")
+        total = int(n.get("devices") or 0)
+        up = n["state"] == "up"
+        busy = total - int(n.get("devices_free") or 0) if up else 0
+        kind = n.get("device_kind") or ""
+        rows.append({"NODE": n["name"], "RACK": n.get("rack", ""), "STATE": n["state"],
+                     "DEVICES": f"{_bar(busy, total, ascii_only)} {busy}/{total} {kind}".rstrip(),
+                     "SHARDS": str(n.get("shards", 0)), "STAGED": human_bytes(n.get("staged_bytes")),
+                     "SEEN": f"{human_s(now - n['last_seen'])} ago" if n.get("last_seen") else "never",
+                     "_bar": _bar(busy, total, ascii_only), "_up": up})
+    busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes if n["state"] == "up")
+    total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == "up")
+    cols, widths = fit_columns(NODE_HEADERS, rows, width, NODE_DROP_ORDER)
+    t = _fitted_table(f"nodes ({busy_all}/{total_all} devices busy)", NODE_HEADERS, cols, widths,
+                      {"SHARDS": "right", "STAGED": "right", "SEEN": "right"})
+    for r in rows:
+        cells: list[RenderableType] = []
+        for c in cols:
+            if c == "STATE":
+                cells.append(Text(r[c], style=_style(r[c])))
+            elif c == "DEVICES":
+                bar = str(r["_bar"])
+                cells.append(Text.assemble((bar, "green" if r["_up"] else "red"), r[c][len(bar):]))
+            else:
+                cells.append(str(r[c]))
+        t.add_row(*cells)
+    if not nodes:
+        t.add_row(*["(no nodes)" if c == "NODE" else "" for c in cols])
     return t
 
 
-def queue_renderable(view: dict[str, Any]) -> Group:
-    return Group(jobs_table(view), share_table(view.get("users", [])), nodes_table(view.get("nodes", [])))
+def queue_summary(view: dict[str, Any], note: str = "", narrow: bool = False) -> Text:
+    """The first line: server time and job counts by state; ``note`` (filters, errors) appended."""
+    now = view.get("time", time.time())
+    counts: dict[str, int] = defaultdict(int)
+    for j in view.get("jobs", []):
+        counts[j["state"]] += 1
+    parts = [f"{counts[s]} {s.lower()}" for s in ("RUNNING", "STAGING", "BOUND", "PENDING", "COMPLETED", "FAILED",
+                                                 "CANCELLED", "TIMEOUT") if counts[s]]
+    text = Text.assemble(("" if narrow else "gsched queue  ", "bold"), (time.strftime("%H:%M:%S", time.localtime(now)), "bold"),
+                         "  ",
+                         f"{len(view.get('jobs', []))} jobs" + (": " + ", ".join(parts) if parts else ""))
+    if note:
+        text.append(f"  {note}", style="dim")
+    return text
 
 
-def print_queue(view: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(queue_renderable(view))
+class QueueView:
+    """The whole queue (summary line, jobs, fair share, nodes), laid out for the width it renders at.
+
+    A rich renderable, so ``Live`` re-lays it out after a terminal resize without extra code.
+    """
+
+    def __init__(self, view: dict[str, Any], note: str = "") -> None:
+        self.view = view
+        self.note = note
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        now = self.view.get("time", time.time())
+        ascii_only = options.ascii_only
+        yield queue_summary(self.view, self.note, narrow=width < WIDE)
+        yield Text("")
+        if self.view.get("jobs"):
+            yield jobs_table(self.view, width=width, now=now)
+        else:
+            yield Text("(no jobs)", style="dim")
+        yield Text("")
+        shares = share_table(self.view.get("users", []), ascii_only)
+        side_by_side = width >= WIDE
+        nodes = nodes_table(self.view.get("nodes", []), now, ascii_only,
+                            width=width - 42 if side_by_side else width)
+        if side_by_side:
+            grid = Table.grid(padding=(0, 4))
+            grid.add_column()
+            grid.add_column()
+            grid.add_row(shares, nodes)
+            yield grid
+        else:
+            yield shares
+            yield Text("")
+            yield nodes
 
 
-def job_detail(doc: dict[str, Any], console: Console | None = None) -> None:
+def queue_renderable(view: dict[str, Any], note: str = "") -> QueueView:
+    return QueueView(view, note)
+
+
+def print_queue(view: dict[str, Any], console: Console | None = None, note: str = "") -> None:
+    (console or Console()).print(queue_renderable(view, note))
+
+
+# ------------------------------------------------------------------ one job
+
+
+def _kv(rows: list[tuple[str, RenderableType]]) -> Table:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _table(title: str, cols: list[str], right: tuple[str, ...] = ()) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False,
+              pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    for col in cols:
+        t.add_column(col, justify="right" if col in right else "left")
+    return t
+
+
+def shard_map(doc: dict[str, Any]) -> Table:
+    """Which rank reads which shard from where, one line per rank: local shards, staged shards (source)."""
+    t = _table("shard map", ["RANK", "NODE", "READS LOCALLY", "STAGED FROM PEERS", "BYTES", "STAGED"],
+               right=("BYTES", "STAGED"))
+    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for sh in doc.get("shards") or []:
+        by_rank[sh["rank"]].append(sh)
+    for rank in sorted(by_rank):
+        shards = by_rank[rank]
+        local = [str(s["shard"]) for s in shards if s["local"]]
+        remote = [f"{s['shard']} ({s['source']})" for s in shards if not s["local"]]
+        total = sum(s.get("bytes") or 0 for s in shards)
+        staged = sum(s.get("staged_bytes") or 0 for s in shards if not s["local"])
+        need = sum(s.get("bytes") or 0 for s in shards if not s["local"])
+        t.add_row(str(rank), shards[0]["node"], ", ".join(local) or "-", ", ".join(remote) or "-",
+                  human_bytes(total), f"{human_bytes(staged)}/{human_bytes(need)}" if need else "-")
+    return t
+
+
+def job_detail(doc: dict[str, Any], console: Console | None = None, now: float | None = None) -> None:
+    """``gsched show JOB``: summary, placement, shard map, staging, epochs, checkpoints, restarts, events."""
     c = console or Console()
-    c.print(f"[bold]job {doc['id']}[/bold] {doc['name']}  user={doc['user']}  state=", Text(doc["state"], style=STATE_STYLE.get(doc["state"], "")),
-            f"  attempt={doc.get('attempt')}  restarts={doc.get('restarts')}")
-    if doc.get("reason"):
-        c.print(f"reason: {doc['reason']}")
-    c.print(f"placement: nodes={', '.join(doc.get('nodes') or []) or '-'}  local-read={100 * doc['local_fraction']:.0f}%  "
-            f"staged={human_bytes(doc['transfer_bytes'])} (est. {doc.get('transfer_cost_ms', 0)} ms)")
-    if doc.get("ranks"):
-        t = Table(title="ranks", title_justify="left", pad_edge=False)
-        for col in ("RANK", "NODE", "DEVICES", "STATE", "EXIT"):
-            t.add_column(col)
+    now = now if now is not None else time.time()
+    state = doc["state"]
+    head = Text.assemble((f"job {doc['id']}", "bold"), f"  {doc['name']}  ", (state, _style(state)),
+                         f"  user {doc['user']}")
+    c.print(head)
+    rows: list[tuple[str, RenderableType]] = []
+    spec = doc.get("spec") or {}
+    rows.append(("gang", f"{doc['ranks'] if isinstance(doc['ranks'], int) else doc.get('rank_count')} ranks x "
+                         f"{doc['gpus_per_rank']} devices on data set {doc.get('dataset') or '-'}"))
+    summary = dict(doc, ranks=doc.get("rank_count", 1))
+    timing = f"submitted {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['submitted_at']))}"
+    if doc.get("started_at"):
+        timing += f", started after {human_s(doc['started_at'] - doc['submitted_at'])} in the queue"
+    label = "waiting" if state == "PENDING" else "running" if state in ("BOUND", "STAGING", "RUNNING") else "ran"
+    timing += f"; {label} {human_s(elapsed_s(summary, now))}"
+    rows.append(("time", timing))
+    epochs = doc.get("epochs") or 0
+    if epochs:
+        eta = eta_s(summary, now)
+        rows.append(("epochs", f"{doc.get('epochs_done', 0)}/{epochs} done" + (f", ETA {human_s(eta)}" if eta else "")))
+    if doc.get("attempt", 1) > 1 or doc.get("restarts"):
+        rows.append(("restarts", f"{doc.get('restarts', 0)} (attempt {doc.get('attempt')})"))
+    reason = plain_reason(summary, now)
+    if reason:
+        rows.append(("reason", Text(reason, style="red" if state in ("FAILED", "TIMEOUT") else "")))
+    if doc.get("nodes"):
+        rows.append(("placement", f"{', '.join(doc['nodes'])}; {100 * (doc.get('local_fraction') or 0):.0f}% of "
+                                  f"bytes read locally, {human_bytes(doc.get('transfer_bytes'))} to stage "
+                                  f"(estimated {doc.get('transfer_cost_ms') or 0} ms)"))
+    if spec.get("train"):
+        tr = spec["train"]
+        rows.append(("train", ", ".join(f"{k} {tr[k]}" for k in ("batch_size", "lr", "grad_accum_steps")
+                                        if k in tr)))
+    c.print(_kv(rows))
+
+    if doc.get("ranks") and isinstance(doc["ranks"], list):
+        t = _table("ranks", ["RANK", "NODE", "DEVICES", "STATE", "EXIT"], right=("RANK", "EXIT"))
         for r in doc["ranks"]:
-            t.add_row(str(r["rank"]), r["node"], ",".join(map(str, r["devices"])), r["state"],
+            t.add_row(str(r["rank"]), r["node"], ",".join(map(str, r["devices"])),
+                      Text(r["state"], style=_style(r["state"])),
                       "" if r["exit_code"] is None else str(r["exit_code"]))
         c.print(t)
     if doc.get("shards"):
-        t = Table(title="shard map", title_justify="left", pad_edge=False)
-        for col in ("SHARD", "RANK", "NODE", "FROM", "BYTES"):
-            t.add_column(col)
-        for sh in doc["shards"]:
-            t.add_row(str(sh["shard"]), str(sh["rank"]), sh["node"], "local" if sh["local"] else sh["source"],
-                      human_bytes(sh["bytes"]))
-        c.print(t)
+        c.print(shard_map(doc))
     stage = (doc.get("progress") or {}).get("staging")
-    if stage:
-        for rank, p in sorted(stage.items()):
-            rate = p.get("rate_bps") or 0
-            eta = (p["total"] - p["bytes"]) / rate if rate else 0
-            c.print(f"staging rank {rank}: {human_bytes(p['bytes'])}/{human_bytes(p['total'])} "
-                    f"at {human_bytes(rate)}/s, ETA {human_s(eta)}")
+    if stage and state == "STAGING":
+        t = _table("staging", ["RANK", "PROGRESS", "BYTES", "RATE", "ETA"], right=("BYTES", "RATE", "ETA"))
+        for rank, p in sorted(stage.items(), key=lambda kv: int(kv[0])):
+            total, got, rate = p.get("total") or 0, p.get("bytes") or 0, p.get("rate_bps") or 0
+            frac = got / total if total else 1.0
+            t.add_row(str(rank), f"{_bar(round(20 * frac), 20, c.options.ascii_only)} {100 * frac:.0f}%",
+                      f"{human_bytes(got)}/{human_bytes(total)}", f"{human_bytes(rate)}/s",
+                      human_s((total - got) / rate) if rate and got < total else "-")
+        c.print(t)
     if doc.get("metrics"):
-        t = Table(title="epochs", title_justify="left", pad_edge=False)
-        for col in ("EPOCH", "LOSS", "ACCURACY", "IMAGES/S", "DATA WAIT", "STEP"):
-            t.add_column(col, justify="right")
+        t = _table("epochs", ["EPOCH", "LOSS", "ACCURACY", "IMAGES/S", "DATA WAIT", "STEP"],
+                   right=("EPOCH", "LOSS", "ACCURACY", "IMAGES/S", "DATA WAIT", "STEP"))
         for m in doc["metrics"]:
-            acc = m.get("accuracy")
-            t.add_row(str(m["epoch"]), f"{m.get('loss', float('nan')):.4f}", "-" if acc is None else f"{100 * acc:.1f}%",
-                      f"{m.get('images_per_s', 0):.0f}", f"{100 * (m.get('data_wait_fraction') or 0):.0f}%",
+            acc, loss = m.get("accuracy"), m.get("loss")
+            t.add_row(str(m["epoch"]), "-" if loss is None else f"{loss:.4f}", "-" if acc is None else f"{100 * acc:.1f}%",
+                      f"{m.get('images_per_s') or 0:.0f}", f"{100 * (m.get('data_wait_fraction') or 0):.0f}%",
                       f"{1000 * (m.get('step_time_s') or 0):.0f} ms")
         c.print(t)
     if doc.get("checkpoints"):
-        for ck in doc["checkpoints"]:
-            c.print(f"checkpoint epoch {ck['epoch']}: {human_bytes(ck['bytes'])} on {', '.join(ck['nodes'])}")
+        cks = doc["checkpoints"]
+        last = cks[-1]
+        c.print(Text.assemble(("checkpoints", "bold"), f"  epochs {', '.join(str(k['epoch']) for k in cks)}; latest "
+                              f"(epoch {last['epoch']}) {human_bytes(last['bytes'])} on {', '.join(last['nodes'])}"))
+    attempts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in doc.get("history") or []:
+        attempts[r["attempt"]].append(r)
+    if len(attempts) > 1:
+        t = _table("attempts", ["ATTEMPT", "NODES", "RANK STATES", "EXITS"])
+        for a in sorted(attempts):
+            rs = attempts[a]
+            t.add_row(str(a), ", ".join(sorted({r["node"] for r in rs})), ", ".join(sorted({r["state"] for r in rs})),
+                      ", ".join(str(r["exit_code"]) for r in rs if r["exit_code"] is not None) or "-")
+        c.print(t)
     ex = doc.get("explain") or {}
-    if ex and doc["state"] == "PENDING":
-        c.print(f"explain: position {ex.get('queue_position')}/{ex.get('queue_length')}, factor {ex.get('factor', 0):.3f}: "
-                f"{ex.get('reason', '')}")
+    if ex and state == "PENDING":
+        c.print(Text.assemble(("explain", "bold"), f"  queue position {ex.get('queue_position') or '-'} of "
+                              f"{ex.get('queue_length') or '-'}, fair-share factor {ex.get('factor') or 0:.3f}; "
+                              f"{len(ex.get('candidates') or [])} candidate placements (gsched explain {doc['id']})"))
+    failed = [r for r in doc.get("ranks") or [] if isinstance(r, dict) and r.get("exit_code") not in (0, None)]
+    if failed and state in ("FAILED", "TIMEOUT") and failed[0].get("log_tail"):
+        tail = failed[0]["log_tail"].rstrip().splitlines()[-10:]
+        c.print(Text(f"rank {failed[0]['rank']} log (last lines)", style="bold"))
+        c.print(Text("\n".join("  " + line for line in tail), style="dim"))
     if doc.get("events"):
-        c.print("[bold]events[/bold]")
+        t = _table("events", ["TIME", "WHO", "WHAT", "DETAIL"])
         for e in doc["events"][-15:]:
-            c.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['kind']:<14} {e['message']}")
+            t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e.get("actor", ""), e["kind"], e["message"])
+        c.print(t)
 
 
 def explain(doc: dict[str, Any], console: Console | None = None) -> None:
+    """``gsched explain JOB``: why it waits (or where it went), and every candidate of the last cycle."""
     c = console or Console()
-    c.print(f"[bold]job {doc['job']}[/bold] ({doc['user']}) is {doc['state']}; fair-share factor {doc['factor']:.3f}, "
-            f"queue position {doc.get('queue_position') or '-'} of {doc.get('queue_length') or '-'}")
+    now = doc.get("decided_at") or time.time()
+    c.print(Text.assemble((f"job {doc['job']}", "bold"), f" ({doc['user']}) is ", (doc["state"], _style(doc["state"])),
+                          f"; fair-share factor {doc['factor']:.3f}, queue position "
+                          f"{doc.get('queue_position') or '-'} of {doc.get('queue_length') or '-'}"))
     if doc["state"] == "PENDING":
-        c.print(f"why pending: {doc.get('pending_reason') or doc.get('reason')}")
+        why = plain_reason({"state": "PENDING", "reason": doc.get("pending_reason") or doc.get("reason")}, now)
+        c.print(f"why pending: {why}")
     else:
-        c.print(f"placed with {100 * doc['local_fraction']:.0f}% local reads, {human_bytes(doc['transfer_bytes'])} staged")
+        c.print(f"placed with {100 * (doc.get('local_fraction') or 0):.0f}% local reads, "
+                f"{human_bytes(doc.get('transfer_bytes'))} staged")
     if doc.get("reservation"):
         r = doc["reservation"]
-        c.print(f"reservation: job {r['job']} holds {r['nodes']} from t={r['start_s']:.0f}")
+        nodes = ", ".join(f"{n} x{k}" for n, k in (r["nodes"] or {}).items())
+        c.print(f"reservation: devices on {nodes} are held for job {r['job']} from {human_s(r['start_s'] - now)} "
+                "after this decision")
     if doc.get("candidates"):
-        t = Table(title="candidates (last cycle)", title_justify="left", pad_edge=False)
-        for col in ("#", "NODES", "LOCAL", "BYTES", "EST. STAGING", "CHOSEN", "WHY NOT"):
-            t.add_column(col)
+        t = _table("candidates (last cycle)", ["#", "RANKS PER NODE", "LOCAL", "TO STAGE", "EST. STAGING", "CHOSEN",
+                                               "WHY NOT"], right=("LOCAL", "TO STAGE", "EST. STAGING"))
         for i, cand in enumerate(doc["candidates"]):
-            t.add_row(str(i), ",".join(f"{n}x{k}" for n, k in (cand.get("ranks_per_node") or {}).items()) or ",".join(cand["nodes"]),
-                      f"{100 * cand['local_fraction']:.0f}%", human_bytes(cand["transfer_bytes"]),
-                      f"{cand['transfer_cost_ms']} ms", "yes" if cand["chosen"] else "", "" if cand["chosen"] else cand.get("reason", ""))
+            per_node = ",".join(f"{n}x{k}" for n, k in (cand.get("ranks_per_node") or {}).items())
+            t.add_row(str(i), per_node or ",".join(cand["nodes"]), f"{100 * cand['local_fraction']:.0f}%",
+                      human_bytes(cand["transfer_bytes"]), f"{cand['transfer_cost_ms']} ms",
+                      "yes" if cand["chosen"] else "",
+                      "" if cand["chosen"] else plain_reason({"state": "PENDING", "reason": cand.get("reason", "")},
+                                                              now))
         c.print(t)

@@ -67,6 +67,13 @@ def bootstrap(db: Database, settings: Settings, clock: Clock) -> None:
     token_file = home / "admin.token"
     with db.session() as s:
         svc.peer_key(s)
+        # A restarted server has heard nothing for a while: give every up node a full TTL to report
+        # again before declaring it down, so a server restart never requeues healthy jobs.
+        from sqlalchemy import update
+
+        from scheduler.models import Node
+
+        s.execute(update(Node).where(Node.state == "up").values(last_seen=clock.now()))
         has_admin = s.scalar(select(User).where(User.role == "admin")) is not None
         if not has_admin:
             token = svc.add_user(s, clock.now(), None, "admin", 1.0, role="admin")

@@ -182,8 +182,22 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=st.PENDING, reason="submitted",
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
               explain={}, progress={})
-    s.add(job)
-    s.flush()
+    if client_request_id is not None:
+        # Two retries racing: the unique (user, client_request_id) lets only one insert win.
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with s.begin_nested():
+                s.add(job)
+                s.flush()
+        except IntegrityError:
+            existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
+            if existing is None:
+                raise
+            return existing.id, False
+    else:
+        s.add(job)
+        s.flush()
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
            f"{spec.data.dataset}", job_id=job.id)
     return job.id, True

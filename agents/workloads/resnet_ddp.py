@@ -768,6 +768,10 @@ def train(
         }
         history.append(record)
         metrics.write("epoch", **record)
+        acc = record.get("accuracy")
+        print(f"[job {spec.job_id} rank {rank}/{world_size}] epoch {epoch + 1}/{cfg.epochs}: loss {record['loss']:.4f} "
+              f"accuracy {'-' if acc is None else f'{100 * acc:.1f}%'} {record['images_per_s']:.0f} images/s "
+              f"data wait {100 * record['data_wait_fraction']:.0f}%", flush=True)
         _save_checkpoint(
             spec, rank, world_size, epoch + 1, model, optimizer, scheduler, steps_per_epoch, history, metrics
         )

@@ -1,0 +1,154 @@
+"""Reliability with real processes on loopback: lose a node, restart the server, retry submits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from scheduler.localcluster import NodeSpec
+from tests.conftest import TINY_SOURCE, job_toml
+
+pytestmark = pytest.mark.integration
+
+
+def test_job_survives_losing_rank0s_node_and_resumes_from_the_mirrored_checkpoint(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1"), NodeSpec("n2"), NodeSpec("n3")], ttl_s=3.0).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "4", "--replicas", "2")
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("resilient", ranks=2, epochs=4, extra="seed = 3"))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+    doc = c.wait_for(lambda: (d := c.job(job_id))["checkpoints"] and d, 180, "the first checkpoint")
+    first = doc["checkpoints"][0]
+    rank0 = next(r["node"] for r in doc["ranks"] if r["rank"] == 0)
+    assert rank0 in first["nodes"] and len(first["nodes"]) >= 2  # mirrored before it was recorded
+    mirror = next(n for n in first["nodes"] if n != rank0)
+    mirrored = c.data_dir(mirror) / ".gsched" / "jobs" / str(job_id) / "checkpoints" / "epoch-0001.pt"
+    assert mirrored.is_file() and mirrored.stat().st_size == first["bytes"]
+
+    c.kill_node(rank0)  # the node holding rank 0 and the original checkpoint dies
+
+    doc = c.wait_job(job_id, {"COMPLETED", "FAILED"}, timeout=300)
+    assert doc["state"] == "COMPLETED", doc["reason"]
+    assert doc["restarts"] == 1 and doc["attempt"] == 2
+    assert rank0 not in {r["node"] for r in doc["ranks"]}
+    kinds = [e["kind"] for e in doc["events"]]
+    assert "job.requeue" in kinds and f"node {rank0} is down" in next(
+        e["message"] for e in doc["events"] if e["kind"] == "job.requeue")
+    # The epoch counter continued: epochs 1..4, each once, and at most one epoch of work was redone.
+    assert [m["epoch"] for m in doc["metrics"]] == [1, 2, 3, 4]
+    resumed_from = max(ck["epoch"] for ck in doc["checkpoints"] if ck["epoch"] < 4 and
+                       any(h["attempt"] == 1 for h in doc["history"]))
+    assert resumed_from >= 1
+    losses = [m["loss"] for m in doc["metrics"]]
+    assert losses[-1] < losses[0]  # the curve continues downwards instead of starting over
+
+
+def test_server_killed_and_restarted_loses_nothing_and_schedules_nothing_twice(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1", gpus=2), NodeSpec("n2", gpus=2)], ttl_s=6.0).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
+    long = tmp_path / "long.toml"
+    long.write_text(job_toml("long", ranks=2, gpus=2, epochs=3, extra="seed = 1"))
+    runners = [int(c.cli("submit", str(long)).stdout.split()[-1]) for _ in range(2)]
+    short = tmp_path / "short.toml"
+    short.write_text(job_toml("short", ranks=1, epochs=1, batch=64))
+    waiting = [int(c.cli("submit", str(short)).stdout.split()[-1]) for _ in range(50)]
+    c.wait_for(lambda: all(c.job(j)["state"] == "RUNNING" for j in runners), 120, "both long jobs to run")
+    order_before = [j["id"] for j in c.admin().get("/v1/jobs")["jobs"] if j["state"] == "PENDING"]
+    ages_before = {j["id"]: j["pending_since"] for j in c.admin().get("/v1/jobs")["jobs"]}
+
+    c.kill("server", signal.SIGKILL)
+    time.sleep(2)
+    c.start_server()
+    view = c.admin().get("/v1/jobs")
+    assert [j["id"] for j in view["jobs"] if j["state"] == "PENDING"] == order_before
+    assert all(j["pending_since"] == ages_before[j["id"]] for j in view["jobs"])
+
+    all_jobs = runners + waiting
+    c.wait_for(lambda: all(c.job(j)["state"] in ("COMPLETED", "FAILED") for j in all_jobs), 900,
+               "every job to finish", interval=2)
+    docs = {j: c.job(j) for j in all_jobs}
+    assert {j: d["state"] for j, d in docs.items() if d["state"] != "COMPLETED"} == {}
+    for j, d in docs.items():
+        finals = [e for e in d["events"] if e["kind"] in ("job.completed", "job.failed", "job.cancelled")]
+        assert len(finals) == 1, (j, finals)
+        assert d["attempt"] == 1, (j, "bound more than once")  # nothing scheduled twice
+    # No device was ever held by two ranks at once, over the whole recorded rank history.
+    held = defaultdict(list)
+    for d in docs.values():
+        for r in d["history"]:
+            for dev in r["devices"]:
+                held[(r["node"], dev)].append((r["bound_at"], r["ended_at"] or float("inf"), d["id"]))
+    for key, spans in held.items():
+        spans.sort()
+        for (s1, e1, j1), (s2, _e2, j2) in zip(spans, spans[1:], strict=False):
+            assert s2 >= e1, f"device {key} shared by jobs {j1} and {j2}"
+
+
+def test_submits_across_a_server_restart_create_each_job_exactly_once(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1")], ttl_s=30.0).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "1", "--replicas", "1")
+    blocker = tmp_path / "blocker.toml"
+    blocker.write_text(job_toml("blocker", ranks=1, epochs=1000))
+    c.cli("submit", str(blocker))  # holds the only device, so the 200 stay pending
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("many", ranks=1, epochs=1))
+    done: list[int] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def submitter(ids: range) -> None:
+        for i in ids:
+            out = c.cli("submit", str(spec), "--request-id", f"req-{i}", check=False, timeout=120)
+            with lock:
+                (done.append(int(out.stdout.split()[-1])) if out.returncode == 0 else errors.append(out.stderr))
+
+    threads = [threading.Thread(target=submitter, args=(range(k, 200, 4),)) for k in range(4)]
+    for t in threads:
+        t.start()
+    c.wait_for(lambda: len(done) >= 50, 120, "a quarter of the submits")
+    c.kill("server", signal.SIGKILL)
+    time.sleep(1.5)
+    c.start_server()
+    for t in threads:
+        t.join(300)
+    assert errors == []
+    assert len(done) == 200
+    jobs = [j for j in c.admin().get("/v1/jobs", all="true")["jobs"] if j["name"] == "many"]
+    assert len(jobs) == 200 and len(set(done)) == 200
+
+
+def test_a_stale_agent_that_returns_has_its_old_ranks_stopped(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1"), NodeSpec("n2")], ttl_s=3.0).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("stale", ranks=1, epochs=1000))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+    doc = c.wait_job(job_id, "RUNNING", timeout=120)
+    node = doc["ranks"][0]["node"]
+    agent = c.procs[f"agent-{node}"]
+    old = [p for p in c.rank_pids() if str(c.data_dir(node).resolve()).encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(old) == 1
+
+    os.kill(agent.pid, signal.SIGSTOP)  # the node is cut off: no heartbeats, its rank keeps running
+    c.wait_for(lambda: next(n for n in c.admin().get("/v1/nodes") if n["name"] == node)["state"] == "down", 30,
+               f"{node} to be declared down")
+    c.wait_for(lambda: c.job(job_id)["attempt"] == 2, 30, "the job to be placed again")
+    assert os.path.exists(f"/proc/{old[0]}")  # still running while the node is cut off
+    os.kill(agent.pid, signal.SIGCONT)  # it comes back
+    t0 = time.monotonic()
+    c.wait_for(lambda: not os.path.exists(f"/proc/{old[0]}") or "State:\tZ" in open(f"/proc/{old[0]}/status").read(),
+               30, "the stale rank to be stopped", interval=0.1)
+    # Stopped on the first heartbeat after the return (plus the rank's SIGTERM handling).
+    assert time.monotonic() - t0 < 15
+    c.wait_for(lambda: any(h["attempt"] == 1 and h["state"] == "KILLED" for h in c.job(job_id)["history"]), 10,
+               "the agent to report the stale rank stopped")
+    # Only then does the returning node's device go back to the pool (attempt 2 runs elsewhere).
+    doc = c.job(job_id)
+    assert [r["node"] for r in doc["ranks"]] != [node]
+    c.wait_for(lambda: next(n for n in c.admin().get("/v1/nodes") if n["name"] == node)["devices_free"] == 1, 10,
+               f"{node}'s device to be free again")
