@@ -203,6 +203,14 @@ def create_app(ctx: Any) -> FastAPI:
         with db.session() as s:
             return events_view(s, me, job, max(1, min(limit, 1000)))
 
+    @app.get("/v1/cluster/history")
+    def cluster_history(request: Request, since: float | None = None, limit: int = 5000) -> list[dict[str, Any]]:
+        who(request)
+        from scheduler.metrics import history_rows
+
+        with db.session() as s:
+            return history_rows(s, since, max(1, min(limit, 50000)))
+
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         from scheduler.metrics import render

@@ -16,7 +16,7 @@ FILE_ARGS = {"file"}  # positional arguments that name files (options that do ar
 
 
 def _options(p: argparse.ArgumentParser) -> list[str]:
-    out = []
+    out: list[str] = []
     for a in p._actions:
         if a.help == argparse.SUPPRESS:
             continue
