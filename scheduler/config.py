@@ -48,6 +48,7 @@ class Settings:
     cycle_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     heartbeat_s: float = 2.0  # how often agents are asked to report
+    lease_ttl_s: float = 6.0  # a standby server takes over this long after the leader stops renewing
     replication_concurrency: int = 2  # re-replication transfers in flight, cluster-wide
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     users: dict[str, float] = field(default_factory=dict)
@@ -69,6 +70,7 @@ _ENV = {
     "GSCHED_CYCLE_INTERVAL_S": ("cycle_interval_s", float),
     "GSCHED_HEARTBEAT_TTL_S": ("heartbeat_ttl_s", float),
     "GSCHED_HEARTBEAT_S": ("heartbeat_s", float),
+    "GSCHED_LEASE_TTL_S": ("lease_ttl_s", float),
 }
 _POLICY_ENV = {
     "GSCHED_ARBITER": ("arbiter", str),

@@ -58,7 +58,10 @@ class CycleReport:
     bound: list[int] = field(default_factory=list)
 
 
-def run_cycle(db: Database, settings: Any, now: float) -> CycleReport:
+def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
+              fence: Any = None) -> CycleReport:
+    """One cycle at time ``now``.  ``fence()``, when given, must still be true before binding
+    (the leader's lease), so a server that lost the lease mid-cycle binds nothing."""
     report = CycleReport(time=now)
 
     def phase(name: str, fn: Any) -> Any:
@@ -77,6 +80,9 @@ def run_cycle(db: Database, settings: Any, now: float) -> CycleReport:
         snap = phase("snapshot", lambda: build_snapshot(s, now))
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
     report.counts["pending"] = len(snap.pending)
+    if fence is not None and decision.bindings and not fence():
+        log.warning("lost the scheduling lease during the cycle: binding nothing")
+        return report
     for job_id, cand in decision.bindings.items():
         with db.session() as s:
             if bind(s, now, job_id, cand):
@@ -86,7 +92,7 @@ def run_cycle(db: Database, settings: Any, now: float) -> CycleReport:
         report.counts["replications"] = phase(
             "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
     with db.session() as s:
-        phase("report", lambda: write_report(s, now, snap, candidates, decision, report))
+        phase("report", lambda: write_report(s, now, snap, candidates, decision, report, leader))
     log.info("cycle: %s %s", report.counts, {k: round(v * 1000, 1) for k, v in report.durations_s.items()})
     return report
 
@@ -317,7 +323,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
 
 
 def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
-                 decision: Decision, report: CycleReport) -> None:
+                 decision: Decision, report: CycleReport, leader: str = "") -> None:
     position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
     for jv in snap.pending:
         job = s.get(Job, jv.id)
@@ -344,7 +350,8 @@ def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, l
     total = sum(n.devices for n in snap.nodes.values())
     running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(st.ACTIVE))) or 0
     s.add(ClusterSample(time=now, devices_total=total, devices_busy=busy, pending=len(snap.pending) - len(report.bound),
-                        running=running, durations={k: round(v, 6) for k, v in report.durations_s.items()}))
+                        running=running, durations={k: round(v, 6) for k, v in report.durations_s.items()},
+                        leader=leader))
 
 
 def _reservation(decision: Decision) -> dict[str, Any] | None:

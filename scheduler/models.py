@@ -229,6 +229,17 @@ class ClusterSample(Base):
     pending: Mapped[int] = mapped_column(Integer)
     running: Mapped[int] = mapped_column(Integer)
     durations: Mapped[Any] = mapped_column(JSON, default=dict)
+    leader: Mapped[str] = mapped_column(String(64), default="")  # the server that ran the cycle
+
+
+class Lease(Base):
+    """A named lease in the database: the holder of ``cycle`` is the one server that schedules."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[float] = mapped_column(Float)
+    acquired_at: Mapped[float] = mapped_column(Float)
 
 
 class Setting(Base):

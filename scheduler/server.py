@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,12 @@ class ServerContext:
     db: Database
     clock: Clock = field(default_factory=Clock)
     scheduler: Any = None
+    server_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
+    _leader: bool = False
 
     def is_leader(self) -> bool:
-        return True
+        return self._leader
 
     def poke(self) -> None:
         """Ask for a cycle soon (after a submit or freed devices); coalesced with the timer."""
@@ -48,8 +52,16 @@ class ServerContext:
             return
         try:
             from scheduler.cycle import run_cycle
+            from scheduler.leader import holds, try_lead
 
-            run_cycle(self.db, self.settings, self.clock.now())
+            now = self.clock.now()
+            leading = try_lead(self.db, self.server_id, now, self.settings.lease_ttl_s)
+            if leading != self._leader:
+                log.info("%s the scheduling lease (%s)", "took" if leading else "lost", self.server_id)
+            self._leader = leading
+            if leading:
+                run_cycle(self.db, self.settings, now, leader=self.server_id,
+                          fence=lambda: holds(self.db, self.server_id, self.clock.now()))
         except Exception:
             log.exception("cycle failed")
         finally:
@@ -119,6 +131,10 @@ def serve(settings: Settings) -> None:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
     finally:
         sched.shutdown(wait=False)
+        if ctx.is_leader():
+            from scheduler.leader import release
+
+            release(ctx.db, ctx.server_id)
         ctx.db.dispose()
 
 

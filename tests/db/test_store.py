@@ -1,0 +1,190 @@
+"""The control plane's store, run against SQLite and a real PostgreSQL alike (``db_url`` fixture).
+
+No processes here: the service functions, the heartbeat protocol and the cycle are driven directly
+with a fake clock, so each test reads as the sequence of requests a real cluster would make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import select, text
+
+from scheduler import service as svc
+from scheduler.api_models import Heartbeat
+from scheduler.auth import Identity
+from scheduler.clock import FakeClock
+from scheduler.config import Settings
+from scheduler.cycle import bind, run_cycle
+from scheduler.db import Database
+from scheduler.errors import Forbidden
+from scheduler.heartbeat import process_heartbeat
+from scheduler.leader import holds, try_lead
+from scheduler.models import Dataset, Job, Rank, Replica, Shard
+from scheduler.placement_types import Candidate
+from scheduler.policy_config import PolicyConfig
+
+SHA = "ab" * 32
+ADMIN = Identity("admin", "admin")
+ALICE = Identity("user", "alice")
+
+
+@pytest.fixture
+def db(db_url: str) -> Database:
+    d = Database(db_url)
+    d.upgrade()
+    yield d
+    d.dispose()
+
+
+def settings(**policy) -> Settings:  # type: ignore[no-untyped-def]
+    return Settings(heartbeat_ttl_s=10.0, policy=replace(PolicyConfig(locality_wait_s=0), **policy))
+
+
+def heartbeat(node: str, ranks=(), devices: int = 1, replicas=None, rack: str = "r1") -> Heartbeat:  # type: ignore[no-untyped-def]
+    return Heartbeat.model_validate({
+        "node": node, "rack": rack, "address": f"127.0.0.1:{9000 + int(node[-1])}", "incarnation": f"inc-{node}",
+        "devices": [{"index": i} for i in range(devices)], "replicas": replicas, "ranks": list(ranks)})
+
+
+def setup_cluster(db: Database, clock: FakeClock, nodes=("n1", "n2")) -> None:  # type: ignore[no-untyped-def]
+    with db.session() as s:
+        svc.add_user(s, clock.now(), None, "admin", 1, role="admin")
+        svc.add_user(s, clock.now(), None, "alice", 1)
+        s.add(Dataset(name="d", source="test", classes=2, image_shape=[8, 8, 1], replicas_required=1,
+                      owner="admin", created_at=0))
+        s.add(Shard(dataset="d", index=0, bytes=1000, sha256=SHA, samples=10))
+        s.add(Shard(dataset="d", index=1, bytes=1000, sha256=SHA, samples=10))
+    for n in nodes:
+        with db.session() as s:
+            process_heartbeat(s, clock.now(), Identity("agent", n), heartbeat(
+                n, replicas=[{"dataset": "d", "shard": i, "bytes": 1000, "sha256": SHA} for i in (0, 1)]))
+
+
+SPEC = {"name": "j", "resources": {"ranks": 2, "gpus_per_rank": 1}, "data": {"dataset": "d"},
+        "train": {"epochs": 1}, "limits": {"time": "1h"}}
+
+
+def test_migrations_bring_an_empty_database_to_head(db: Database) -> None:
+    assert db.current_revision() == "0002"
+    db.upgrade()  # idempotent
+    assert db.current_revision() == "0002"
+
+
+def test_upgrade_from_the_previous_revision_keeps_every_row(db_url: str) -> None:
+    d = Database(db_url)
+    d.upgrade("0001")
+    with d.engine.begin() as conn:
+        conn.execute(text("INSERT INTO users (name, token_hash, shares, role, created_at) "
+                          "VALUES ('alice', 'h1', 2.0, 'user', 1.0)"))
+        conn.execute(text("INSERT INTO jobs (name, \"user\", spec, state, reason, submitted_at, pending_since, attempt, "
+                          "restarts, failures, transfer_bytes, transfer_cost_ms, local_fraction, factor, priority, "
+                          "explain, progress) VALUES ('j', 'alice', '{}', 'PENDING', '', 5.0, 5.0, 0, 0, 0, 0, 0, "
+                          "1.0, 1.0, 0.0, '{}', '{}')"))
+        conn.execute(text("INSERT INTO cluster_samples (time, devices_total, devices_busy, pending, running, durations) "
+                          "VALUES (7.0, 4, 2, 1, 1, '{}')"))
+    d.upgrade()
+    assert d.current_revision() == "0002"
+    with d.engine.connect() as conn:
+        assert conn.execute(text("SELECT name, shares FROM users")).all() == [("alice", 2.0)]
+        assert conn.execute(text("SELECT name, state, submitted_at FROM jobs")).all() == [("j", "PENDING", 5.0)]
+        assert conn.execute(text("SELECT devices_busy, leader FROM cluster_samples")).all() == [(2, "")]
+        assert conn.execute(text("SELECT count(*) FROM leases")).scalar() == 0
+    d.dispose()
+
+
+def test_a_retried_submit_with_the_same_request_id_stores_one_job(db: Database) -> None:
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        first = svc.submit_job(s, clock.now(), ALICE, SPEC, "req-1")
+    with db.session() as s:
+        again = svc.submit_job(s, clock.now(), ALICE, SPEC, "req-1")
+        other = svc.submit_job(s, clock.now(), ALICE, SPEC, "req-2")
+    assert first == (first[0], True) and again == (first[0], False) and other[1] is True
+    with db.session() as s:
+        assert len(list(s.scalars(select(Job)))) == 2
+
+
+def test_agents_cannot_submit_and_users_cannot_report_for_a_node(db: Database) -> None:
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock)
+    with db.session() as s, pytest.raises(Forbidden):
+        svc.submit_job(s, clock.now(), Identity("agent", "n1"), SPEC, None)
+    with db.session() as s, pytest.raises(Forbidden):
+        process_heartbeat(s, clock.now(), ALICE, heartbeat("n1"))
+    with db.session() as s, pytest.raises(Forbidden):
+        process_heartbeat(s, clock.now(), Identity("agent", "n2"), heartbeat("n1"))
+
+
+def test_bind_rechecks_devices_so_none_is_given_twice(db: Database) -> None:
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock, nodes=("n1",))
+    spec = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+    with db.session() as s:
+        a, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+        b, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+    cand = lambda j: Candidate(j, ("n1",), 1, (), 0, 0)  # noqa: E731 - both want n1's only device
+    with db.session() as s:
+        assert bind(s, clock.now(), a, cand(a)) is True
+    with db.session() as s:
+        assert bind(s, clock.now(), b, cand(b)) is False  # a stale decision binds nothing
+    with db.session() as s:
+        assert [r.devices for r in s.scalars(select(Rank))] == [[0]]
+        assert s.get(Job, b).state == "PENDING"
+
+
+def test_a_job_goes_pending_bound_running_completed_through_cycle_and_heartbeats(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    report = run_cycle(db, settings(), clock.advance(1))
+    assert report.bound == [job_id]
+    with db.session() as s:
+        ranks = list(s.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank)))
+        assert sorted(r.node for r in ranks) == ["n1", "n2"]  # one device each: one rank on each node
+        assert s.get(Job, job_id).state == "BOUND"
+    for state, code in (("RUNNING", None), ("EXITED", 0)):
+        clock.advance(1)
+        for r in ranks:
+            with db.session() as s:
+                reply = process_heartbeat(s, clock.now(), Identity("agent", r.node), heartbeat(r.node, ranks=[
+                    {"job_id": job_id, "attempt": 1, "rank": r.rank, "state": state, "exit_code": code}]))
+            if state == "RUNNING":
+                assert [a["rank"] for a in reply["assignments"]] == [r.rank]
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "COMPLETED" and job.ended_at == clock.now()
+        assert [e.kind for e in s.scalars(select(svc.Event).where(svc.Event.job_id == job_id).order_by(svc.Event.id))] == [
+            "job.submit", "job.bind", "job.running", "job.completed"]
+
+
+def test_a_silent_node_is_marked_down_and_its_job_requeued(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    run_cycle(db, settings(), clock.advance(1))
+    clock.advance(5)
+    with db.session() as s:  # n1 keeps reporting, n2 goes silent
+        process_heartbeat(s, clock.now(), Identity("agent", "n1"), heartbeat("n1"))
+    run_cycle(db, settings(), clock.advance(6))  # n2 last seen 12 s ago > ttl 10 s
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "PENDING" and job.restarts == 1
+        requeue = s.scalar(select(svc.Event).where(svc.Event.job_id == job_id, svc.Event.kind == "job.requeue"))
+        assert "node n2 is down" in requeue.message
+        assert {r.state for r in s.scalars(select(Rank).where(Rank.job_id == job_id))} == {"KILLING"}
+        assert s.scalar(select(Replica).where(Replica.node == "n2")).node == "n2"  # data records kept
+
+
+def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:
+    assert try_lead(db, "a", now=0.0, ttl_s=5) is True
+    assert try_lead(db, "b", now=1.0, ttl_s=5) is False
+    assert try_lead(db, "a", now=4.0, ttl_s=5) is True  # renewal
+    assert holds(db, "a", 8.0) and not holds(db, "b", 8.0)
+    assert try_lead(db, "b", now=8.5, ttl_s=5) is False  # a renewed until 9.0
+    assert try_lead(db, "b", now=9.5, ttl_s=5) is True  # expired: b takes over
+    assert not holds(db, "a", 9.6) and try_lead(db, "a", now=9.6, ttl_s=5) is False
