@@ -1,0 +1,60 @@
+"""``python -m benchmarks [--quick] [--only cycle,quality,control,launch] [--results FILE]``.
+
+Every figure is one printed line: absolute values, a ratio against a baseline measured in the same
+run, the target and whether it is met.  The full run writes ``benchmarks/RESULTS.md`` (machine, date,
+every line and note); ``--quick`` runs tiny sizes (to prove the harness works) and writes nothing
+unless ``--results`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import Report, machine, today
+
+SECTIONS = ("cycle", "quality", "control", "launch")
+
+
+def write_results(report: Report, path: Path, argv: list[str], wall_s: float) -> None:
+    lines = ["# gsched benchmark results", "",
+             f"- date: {today()}", f"- machine: {machine()}",
+             f"- command: `python -m benchmarks {' '.join(argv)}`".rstrip(), f"- wall time: {wall_s:.0f} s", "",
+             "Each line: absolute values; the ratio against the baseline measured in the same run; the target.",
+             "Section docstrings in `benchmarks/*.py` describe each set-up.", "", "## Figures", ""]
+    lines += [f"- {f.line()}" for f in report.figures]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: proves the harness, measures nothing")
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
+    p.add_argument("--results", default=None, help="where to write the results (default benchmarks/RESULTS.md "
+                   "for a full run, nowhere for --quick)")
+    args = p.parse_args(argv)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in chosen if s not in SECTIONS]
+    if bad:
+        p.error(f"--only: unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
+    report = Report(quick=args.quick)
+    print(f"gsched benchmarks on {machine()}, {today()}{' (quick)' if args.quick else ''}", flush=True)
+    t0 = time.perf_counter()
+    for name in chosen:
+        t = time.perf_counter()
+        importlib.import_module(f"benchmarks.{name}").run(report)
+        report.note(name, f"section took {time.perf_counter() - t:.0f} s")
+    out = args.results or (None if args.quick else str(Path(__file__).with_name("RESULTS.md")))
+    if out:
+        write_results(report, Path(out), argv, time.perf_counter() - t0)
+        print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

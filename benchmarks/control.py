@@ -1,0 +1,140 @@
+"""Section ``control``: the control plane against a real ``gsched server`` on loopback.
+
+1. Submit throughput: a server (no agents; fake nodes registered by heartbeats from agent tokens, so
+   that submit's device check passes; one data set registered with ``POST /v1/datasets``) takes
+   ``POST /v1/jobs`` from ``THREADS`` client threads with keep-alive connections for ``SUBMIT_S``
+   seconds.  Baseline: ``GET /v1/health`` from the same threads for the same time (the HTTP floor).
+2. Heartbeats: ``AGENTS`` simulated agents (each its own agent token and node) post a real heartbeat
+   every 5 s, spread evenly, from a pool of threads, while the server's cycle runs every second over
+   the jobs submitted in (1) (their data has no live copy, so they stay pending and every cycle does
+   the whole work).  Baseline: the same heartbeat from one agent alone, before the others start (cycles running).
+
+The clients run on the same 2 cores as the server, so the figures are lower bounds of the server.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Figure, Report
+from scheduler.localcluster import LocalCluster
+
+SPEC = {"name": "bench", "resources": {"ranks": 1, "gpus_per_rank": 1}, "data": {"dataset": "benchdata"},
+        "train": {"epochs": 1}, "limits": {"time": 600}}
+
+
+def _heartbeat(node: str, incarnation: str = "bench") -> dict[str, Any]:
+    return {"node": node, "rack": "rack0", "address": "127.0.0.1:9", "incarnation": incarnation,
+            "devices": [{"index": i} for i in range(8)], "free_bytes": 10**12, "replicas": []}
+
+
+def _hammer(url: str, token: str, seconds: float, threads: int, method: str, path: str,
+            body: Any = None) -> tuple[int, float, list[float]]:
+    import httpx
+
+    stop = time.perf_counter() + seconds
+    counts = [0] * threads
+    lats: list[list[float]] = [[] for _ in range(threads)]
+
+    def worker(i: int) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                r = c.request(method, path, json=body)
+                if r.status_code < 300:
+                    counts[i] += 1
+                    lats[i].append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts), time.perf_counter() - t0, [x for per_thread in lats for x in per_thread]
+
+
+def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, threads: int) -> list[float]:
+    """Each node heartbeats every ``period_s``, phases spread evenly; returns the latencies (s)."""
+    import httpx
+
+    names = sorted(tokens)
+    stop = time.perf_counter() + seconds
+    lats: list[list[float]] = [[] for _ in range(threads)]
+
+    def worker(i: int) -> None:
+        mine = names[i::threads]
+        start = time.perf_counter()
+        due = {n: start + period_s * (k * threads + i) / len(names) for k, n in enumerate(mine)}
+        with httpx.Client(base_url=url, timeout=30) as c:
+            while True:
+                n = min(due, key=lambda x: due[x])
+                if due[n] >= stop:
+                    return
+                wait = due[n] - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                body = _heartbeat(n)
+                body["replicas"] = None  # unchanged since the full report: what agents send
+                t0 = time.perf_counter()
+                r = c.post("/v1/agent/heartbeat", json=body, headers={"Authorization": f"Bearer {tokens[n]}"})
+                if r.status_code < 300:
+                    lats[i].append(time.perf_counter() - t0)
+                due[n] += period_s
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return [x for per_thread in lats for x in per_thread]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
+
+
+def run(report: Report) -> None:
+    import httpx
+
+    submit_s, threads = (2.0, 4) if report.quick else (10.0, 8)
+    n_agents, hb_s = (40, 6.0) if report.quick else (1000, 20.0)
+    with tempfile.TemporaryDirectory(prefix="gsched-bench-") as tmp:
+        cluster = LocalCluster(Path(tmp), [], cycle_s=1.0, ttl_s=600.0)
+        try:
+            cluster.start_server()
+            admin = cluster.admin()
+            token = cluster.add_user("bench")
+            tokens = {f"a{i:04d}": admin.request("POST", "/v1/agent-tokens", {"node": f"a{i:04d}"})["token"]
+                      for i in range(n_agents)}
+            with httpx.Client(base_url=cluster.url, timeout=60) as c:
+                for n, tok in tokens.items():  # full first report: registers the node and its devices
+                    c.post("/v1/agent/heartbeat", json=_heartbeat(n), headers={"Authorization": f"Bearer {tok}"})
+            admin.request("POST", "/v1/datasets", {
+                "name": "benchdata", "classes": 4, "image_shape": [3, 8, 8], "replicas": 1,
+                "shards": [{"index": 0, "bytes": 1000, "sha256": "0" * 64, "samples": 10}]})
+            n_h, t_h, _ = _hammer(cluster.url, token, submit_s, threads, "GET", "/v1/health")
+            n_s, t_s, lat_s = _hammer(cluster.url, token, submit_s, threads, "POST", "/v1/jobs", {"spec": SPEC})
+            rate_s, rate_h = n_s / t_s, n_h / t_h
+            report.add(Figure("control", f"submit throughput ({threads} client threads, {submit_s:.0f} s)",
+                              f"{rate_s:.0f} jobs/s (p50 {_pct(lat_s, 50) * 1000:.1f} ms, p99 {_pct(lat_s, 99) * 1000:.1f} ms; "
+                              f"{n_s} jobs)", f"vs GET /v1/health {rate_h:.0f} req/s: ratio {rate_s / rate_h:.2f}",
+                              ">= 500 jobs/s", rate_s >= 500))
+            one = {"a0000": tokens["a0000"]}
+            idle = _agents(cluster.url, one, 0.05, 2.0 if report.quick else 5.0, 1)
+            lat = _agents(cluster.url, tokens, 5.0, hb_s, min(50, n_agents))
+            p50, p99 = _pct(lat, 50), _pct(lat, 99)
+            report.add(Figure("control", f"{n_agents} agents heartbeating every 5 s for {hb_s:.0f} s, "
+                              f"{n_s} jobs pending, cycles every 1 s",
+                              f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms ({len(lat)} heartbeats)",
+                              f"vs one agent alone on the same server (cycles running) p99 {_pct(idle, 99) * 1000:.1f} ms: "
+                              f"ratio {p99 / _pct(idle, 99):.1f}", "p99 <= 50 ms", p99 <= 0.050))
+        finally:
+            cluster.close()
