@@ -203,6 +203,8 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
                      "SHARDS": str(n.get("shards", 0)), "STAGED": human_bytes(n.get("staged_bytes")),
                      "SEEN": f"{human_s(now - n['last_seen'])} ago" if n.get("last_seen") else "never",
                      "_bar": _bar(busy, total, ascii_only), "_up": up})
+    if not rows:
+        rows.append({**dict.fromkeys(NODE_HEADERS, ""), "NODE": "(no nodes)", "_bar": "", "_up": False})
     busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes if n["state"] == "up")
     total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == "up")
     cols, widths = fit_columns(NODE_HEADERS, rows, width, NODE_DROP_ORDER)
@@ -219,8 +221,6 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
             else:
                 cells.append(str(r[c]))
         t.add_row(*cells)
-    if not nodes:
-        t.add_row(*["(no nodes)" if c == "NODE" else "" for c in cols])
     return t
 
 
