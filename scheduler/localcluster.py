@@ -39,13 +39,15 @@ class LocalCluster:
     def __init__(self, root: Path, nodes: list[NodeSpec], *, heartbeat_s: float = 0.5, ttl_s: float = 6.0,
                  cycle_s: float = 0.5, threads_per_rank: int = 1, db: str | None = None,
                  extra_env: dict[str, str] | None = None, scrub_interval_s: float = 60.0,
-                 config: str | None = None) -> None:
+                 config: str | None = None, servers: int = 1) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.home = self.root / "home"
         self.nodes = {n.name: n for n in nodes}
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.ports = [free_port() for _ in range(servers)]
+        self.port = self.ports[0]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.url = ",".join(self.urls)  # clients and agents fail over along this list
         self.heartbeat_s = heartbeat_s
         self.threads_per_rank = threads_per_rank
         self.scrub_interval_s = scrub_interval_s
@@ -67,19 +69,32 @@ class LocalCluster:
         self.procs[name] = proc
         return proc
 
-    def start_server(self, wait: bool = True) -> None:
-        args = ["server", "--port", str(self.port)]
+    def start_server(self, wait: bool = True, index: int = 0) -> None:
+        """Start server ``index`` (0 is "server", 1 is "server1", ...: standbys on one database)."""
+        args = ["server", "--port", str(self.ports[index])]
         if self.config:
             args += ["--config", self.config]
-        self._spawn("server", args)
+        self._spawn(self.server_name(index), args)
         if wait:
-            self.wait_for(self._healthy, 60, "the server to answer")
+            self.wait_for(lambda: self.health(index) is not None, 60, f"server {index} to answer")
 
-    def _healthy(self) -> bool:
+    @staticmethod
+    def server_name(index: int) -> str:
+        return "server" if index == 0 else f"server{index}"
+
+    def health(self, index: int = 0) -> dict[str, Any] | None:
         try:
-            return bool(Client(self.url, timeout_s=2).get("/v1/health")["ok"])
+            return dict(Client(self.urls[index], timeout_s=2).get("/v1/health"))
         except Exception:  # noqa: BLE001
-            return False
+            return None
+
+    def leader(self) -> int | None:
+        """Index of the server that holds the scheduling lease, if any answers so."""
+        for i in range(len(self.ports)):
+            h = self.health(i)
+            if h and h.get("leader"):
+                return i
+        return None
 
     def data_dir(self, node: str) -> Path:
         return self.root / "nodes" / node
@@ -93,7 +108,8 @@ class LocalCluster:
                                       "--scrub-interval-s", str(self.scrub_interval_s)])
 
     def start(self) -> LocalCluster:
-        self.start_server()
+        for i in range(len(self.ports)):
+            self.start_server(index=i)
         for name in self.nodes:
             self.start_agent(name)
         self.wait_for(lambda: len([n for n in self.admin().get("/v1/nodes") if n["state"] == "up"]) == len(self.nodes),
@@ -141,7 +157,7 @@ class LocalCluster:
         return pids
 
     def close(self) -> None:
-        for name in sorted(self.procs, key=lambda n: n == "server"):  # agents first, server last
+        for name in sorted(self.procs, key=lambda n: n.startswith("server")):  # agents first, servers last
             proc = self.procs[name]
             if proc.poll() is None:
                 try:

@@ -52,7 +52,7 @@ def test_server_killed_and_restarted_loses_nothing_and_schedules_nothing_twice(m
     c = make_cluster([NodeSpec("n1", gpus=2), NodeSpec("n2", gpus=2)], ttl_s=6.0).start()
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
     long = tmp_path / "long.toml"
-    long.write_text(job_toml("long", ranks=2, gpus=2, epochs=3, extra="seed = 1"))
+    long.write_text(job_toml("long", ranks=2, gpus=1, epochs=8, extra="seed = 1"))  # 2 devices each
     runners = [int(c.cli("submit", str(long)).stdout.split()[-1]) for _ in range(2)]
     short = tmp_path / "short.toml"
     short.write_text(job_toml("short", ranks=1, epochs=1, batch=64))
