@@ -24,11 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agents.shardfile import MAGIC, shard_path, valid_name
+from agents.shardfile import MAGIC, inside, shard_path, valid_name
 from scheduler.auth import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
-CKPT_NAME = re.compile(r"^epoch-\d{4}\.pt$")
+CKPT_NAME = re.compile(r"epoch-[0-9]{4}\.pt")  # fullmatch
 TICKET_TTL_S = 300
 CHUNK = 1 << 20
 
@@ -38,13 +38,14 @@ def checkpoint_dir(data_dir: Path, job_id: int) -> Path:
 
 
 def checkpoint_path(data_dir: Path, job_id: int, name: str) -> Path:
-    if not CKPT_NAME.match(name):
+    if not CKPT_NAME.fullmatch(name):
         raise ValueError(f"invalid checkpoint name {name!r}")
-    root = data_dir.resolve()
-    path = (checkpoint_dir(root, job_id) / name).resolve()
-    if root not in path.parents:
-        raise ValueError("checkpoint path outside the data dir")
-    return path
+    return inside(data_dir, str(checkpoint_dir(Path("."), job_id) / name))
+
+
+def _number(text: str) -> bool:
+    """A shard index or job id in a path: ASCII digits only (``str.isdigit`` also takes other scripts')."""
+    return 0 < len(text) <= 12 and text.isascii() and text.isdigit()
 
 
 class DataServer:
@@ -108,11 +109,11 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             if kind == "health":
                 return self._send(200, "ok")
             try:
-                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and rest[1].isdigit():
+                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and _number(rest[1]):
                     if not self._fresh_ticket("get", rest[0], int(rest[1])):
                         return self._send(403, "a valid agent ticket is required")
                     path = shard_path(srv.data_dir, rest[0], int(rest[1]))
-                elif kind == "checkpoints" and len(rest) == 2 and rest[0].isdigit():
+                elif kind == "checkpoints" and len(rest) == 2 and _number(rest[0]):
                     if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
                         return self._send(403, "a valid agent ticket is required")
                     path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])
@@ -141,7 +142,7 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             if length < 0:
                 return self._send(411, "Content-Length is required")
             try:
-                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and rest[1].isdigit():
+                if kind == "shards" and len(rest) == 2 and valid_name(rest[0]) and _number(rest[1]):
                     sha = (query.get("sha256") or [""])[0]
                     key = srv.peer_key()
                     if not key or not check_ticket(key, self.headers.get("X-Gsched-Ticket", ""), "put", srv.node,
@@ -149,7 +150,7 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                         return self._send(403, "a valid upload ticket for this node is required")
                     path = shard_path(srv.data_dir, rest[0], int(rest[1]))
                     expect_magic = True
-                elif kind == "checkpoints" and len(rest) == 2 and rest[0].isdigit():
+                elif kind == "checkpoints" and len(rest) == 2 and _number(rest[0]):
                     if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
                         return self._send(403, "a valid agent ticket is required")
                     path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])

@@ -23,7 +23,7 @@ from typing import Any
 
 MAGIC = b"GSHARD1\n"
 _HEADER = struct.Struct("<IHHB")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # fullmatch: "$" would let a trailing newline in
 SHARD_SUFFIX = ".shard"
 
 
@@ -33,7 +33,7 @@ class ShardFormatError(ValueError):
 
 def valid_name(name: str) -> bool:
     """Data set names: lowercase letters, digits, '_', '.', '-'; no '..', at most 63 characters."""
-    return bool(NAME_RE.match(name)) and ".." not in name
+    return bool(NAME_RE.fullmatch(name)) and ".." not in name
 
 
 def shard_relpath(dataset: str, index: int) -> str:
@@ -46,10 +46,16 @@ def shard_relpath(dataset: str, index: int) -> str:
 
 def shard_path(data_dir: str | os.PathLike[str], dataset: str, index: int) -> Path:
     """The shard's path under ``data_dir``; raises ValueError for names that could escape it."""
+    return inside(data_dir, shard_relpath(dataset, index))
+
+
+def inside(data_dir: str | os.PathLike[str], relpath: str) -> Path:
+    """``data_dir / relpath``, refused (ValueError) unless it lies inside the data dir with no symlink on
+    the way: a symlinked data set dir or file could otherwise point anywhere, even at the agent's token."""
     root = Path(data_dir).resolve()
-    path = (root / shard_relpath(dataset, index)).resolve()
-    if root not in path.parents:
-        raise ValueError(f"shard path {path} is outside the data dir {root}")
+    path = root / relpath
+    if path.resolve() != path or root not in path.parents:
+        raise ValueError(f"{relpath} is outside the data dir or reached through a symlink")
     return path
 
 

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NODE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 SHA = r"^[0-9a-f]{64}$"
+ADDRESS = r"^[A-Za-z0-9_.:\[\]-]{1,255}$"  # host:port, the data server peers connect to
+MAX_ID = 2**53  # ids, attempts, offsets: exact in JSON, and far inside SQL's 64-bit integers
+MAX_BYTES = 2**60
 
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ErrorOut(BaseModel):
+    """Every 4xx answer: what was wrong, and the field it was wrong in (when there is one)."""
+
+    detail: str
+    field: str | None = None
+
+
 class DeviceIn(_In):
     index: int = Field(ge=0, le=1023)
     kind: Literal["cpu", "cuda"] = "cpu"
     model: str = Field("", max_length=128)
-    memory_bytes: int = Field(0, ge=0, le=2**50)
+    memory_bytes: int = Field(0, ge=0, le=MAX_BYTES)
     healthy: bool = True
 
 
@@ -31,46 +42,70 @@ class ReplicaIn(_In):
 
 
 class RankIn(_In):
-    job_id: int = Field(ge=1)
-    attempt: int = Field(ge=0)
+    job_id: int = Field(ge=1, le=MAX_ID)
+    attempt: int = Field(ge=0, le=MAX_ID)
     rank: int = Field(ge=0, le=4096)
     state: Literal["STAGING", "READY", "RUNNING", "EXITED", "KILLED"]
     exit_code: int | None = Field(None, ge=-255, le=255)
     log_tail: str = Field("", max_length=8192)
-    staged_bytes: int = Field(0, ge=0, le=2**50)
-    staging_total: int = Field(0, ge=0, le=2**50)
-    staging_rate_bps: float = Field(0, ge=0)
+    staged_bytes: int = Field(0, ge=0, le=MAX_BYTES)
+    staging_total: int = Field(0, ge=0, le=MAX_BYTES)
+    staging_rate_bps: float = Field(0, ge=0, le=1e15)
     master_port: int | None = Field(None, ge=1024, le=65535)
     error: str = Field("", max_length=4096)
 
 
 class LogIn(_In):
-    job_id: int = Field(ge=1)
-    attempt: int = Field(ge=0)
+    job_id: int = Field(ge=1, le=MAX_ID)
+    attempt: int = Field(ge=0, le=MAX_ID)
     rank: int = Field(ge=0, le=4096)
     text: str = Field(max_length=65536)
 
 
 class MetricIn(_In):
-    job_id: int = Field(ge=1)
-    attempt: int = Field(ge=0)
-    line: dict[str, Any]
+    """One JSON line a rank printed (``type`` epoch, checkpoint, progress...), passed on by its agent.
+
+    The fields the server reads are checked here; the rest is stored as given, within ``MAX_LINE_CHARS``.
+    """
+
+    job_id: int = Field(ge=1, le=MAX_ID)
+    attempt: int = Field(ge=0, le=MAX_ID)
+    line: dict[str, Any] = Field(max_length=64)
+
+    @field_validator("line")
+    @classmethod
+    def _known_fields(cls, line: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(line, default=str)) > MAX_LINE_CHARS:
+            raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
+        _LineFields.model_validate({k: line[k] for k in _LineFields.model_fields if k in line})
+        return line
+
+
+MAX_LINE_CHARS = 16384
+
+
+class _LineFields(BaseModel):
+    type: str | None = Field(None, max_length=32)
+    epoch: int | None = Field(None, ge=0, le=1_000_000)
+    bytes: int | None = Field(None, ge=0, le=MAX_BYTES)
+    path: str | None = Field(None, max_length=4096)
+    mirrors: list[str] | None = Field(None, max_length=16)
 
 
 class TransferIn(_In):
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_ID)
     state: Literal["running", "done", "failed"]
-    bytes: int = Field(0, ge=0, le=2**50)
+    bytes: int = Field(0, ge=0, le=MAX_BYTES)
     reason: str = Field("", max_length=2048)
 
 
 class Heartbeat(_In):
     node: str = Field(pattern=NODE)
     rack: str = Field("rack0", pattern=NODE)
-    address: str = Field(max_length=256)
+    address: str = Field(pattern=ADDRESS)
     incarnation: str = Field(max_length=64)
     devices: list[DeviceIn] = Field(default_factory=list, max_length=1024)
-    free_bytes: int = Field(0, ge=0)
+    free_bytes: int = Field(0, ge=0, le=MAX_BYTES)
     replicas: list[ReplicaIn] | None = Field(None, max_length=200000)  # None: unchanged since last full report
     ranks: list[RankIn] = Field(default_factory=list, max_length=4096)
     logs: list[LogIn] = Field(default_factory=list, max_length=4096)
@@ -85,12 +120,12 @@ class JobSubmit(_In):
 
 class UserAdd(_In):
     name: str = Field(max_length=32)
-    shares: float = 1.0
+    shares: float = Field(1.0, gt=0, le=1e6)
     role: Literal["user", "admin"] = "user"
 
 
 class SharesIn(_In):
-    shares: float
+    shares: float = Field(gt=0, le=1e6)
 
 
 class AgentTokenIn(_In):
@@ -108,9 +143,16 @@ class DatasetIn(_In):
     name: str = Field(pattern=DATASET)
     source: str = Field("", max_length=512)
     classes: int = Field(ge=1, le=100000)
-    image_shape: list[int] = Field(min_length=3, max_length=3)
+    image_shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(min_length=3, max_length=3)
     replicas: int = Field(2, ge=1, le=16)
     shards: list[ShardIn] = Field(min_length=1, max_length=100000)
+
+    @field_validator("name")
+    @classmethod
+    def _no_dots(cls, v: str) -> str:
+        if ".." in v:  # agents refuse such names (agents.shardfile.valid_name): never store one
+            raise ValueError("must not contain '..'")
+        return v
 
 
 class PlaceIn(_In):

@@ -1,26 +1,61 @@
 """The HTTP API (FastAPI).  Routes only parse, authenticate and delegate to ``service``/``heartbeat``.
 
-Every error a caller can cause is a 4xx JSON body ``{"detail": message, "field": name-or-null}``.
+Every error a caller can cause is a 4xx JSON body ``{"detail": message, "field": name-or-null}``
+(``ErrorOut``, documented on every operation).  Who may call what:
+
+* no token: ``/v1/health`` and ``/metrics`` only;
+* agent tokens (``gsa_``, bound to a node): ``/v1/whoami`` and the node's own heartbeat, nothing else;
+* user tokens: reads (queue, jobs, nodes, data sets, share, events), submit, their own jobs' logs and
+  cancel, making data sets and changing the replicas of their own;
+* admin tokens: everything users may do, on every job and data set, plus users and agent tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from scheduler import service as svc
-from scheduler.api_models import AgentTokenIn, DatasetIn, Heartbeat, JobSubmit, PlaceIn, SharesIn, UserAdd
+from scheduler.api_models import (
+    MAX_ID,
+    AgentTokenIn,
+    DatasetIn,
+    ErrorOut,
+    Heartbeat,
+    JobSubmit,
+    PlaceIn,
+    SharesIn,
+    UserAdd,
+)
 from scheduler.auth import Identity
 from scheduler.errors import ApiError, Unauthorized
+
+MAX_BODY_BYTES = 64 << 20  # a full inventory of 200k replicas is ~30 MB
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in ((400, "Malformed request"), (401, "Missing or invalid token"), (403, "Not allowed for this token"),
+                       (404, "No such object"), (409, "Conflicts with the current state"),
+                       (413, "Request body too large"), (422, "Invalid field (named in `field`)"))
+}
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+Name = Annotated[str, Path(min_length=1, max_length=64)]
 
 
 def create_app(ctx: Any) -> FastAPI:
     """``ctx`` is the running ``ServerContext``: ``db``, ``settings``, ``clock``, ``poke()``."""
-    app = FastAPI(title="gsched", version="0.1.0")
+    app = FastAPI(title="gsched", version="0.1.0", responses=ERRORS)
     db = ctx.db
+
+    @app.middleware("http")
+    async def _body_limit(request: Request, call_next: Any) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes", "field": None},
+                                status_code=413)
+        return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -28,11 +63,15 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
-        parts = []
+        parts, fields = [], []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{loc or 'body'}: {err.get('msg')}")
-        return JSONResponse({"detail": "; ".join(parts), "field": None}, status_code=422)
+            loc = list(err.get("loc", ()))
+            if loc and loc[0] in ("body", "query", "path", "header"):
+                loc = loc[1:]
+            name = ".".join(str(p) for p in loc) or "body"
+            fields.append(name)
+            parts.append(f"{name}: {err.get('msg')}")
+        return JSONResponse({"detail": "; ".join(parts), "field": fields[0] if fields else None}, status_code=422)
 
     def who(request: Request) -> Identity:
         auth = request.headers.get("authorization", "")
@@ -44,6 +83,12 @@ def create_app(ctx: Any) -> FastAPI:
         if ident is None:
             raise Unauthorized("invalid token")
         return ident
+
+    def person(request: Request) -> Identity:
+        """A user or admin; agent tokens are refused (403) everywhere but their heartbeat."""
+        me = who(request)
+        svc.require_person(me)
+        return me
 
     @app.get("/v1/health")
     def health() -> dict[str, Any]:
@@ -57,41 +102,41 @@ def create_app(ctx: Any) -> FastAPI:
     # ---------------------------------------------------------- users and tokens
     @app.post("/v1/users", status_code=201)
     def add_user(body: UserAdd, request: Request) -> dict[str, Any]:
-        me = who(request)
+        me = person(request)
         with db.session() as s:
             token = svc.add_user(s, ctx.clock.now(), me, body.name, body.shares, body.role)
         return {"name": body.name, "token": token}
 
     @app.get("/v1/users")
     def users(request: Request) -> list[dict[str, Any]]:
-        who(request)
+        me = person(request)
         with db.session() as s:
-            return svc.list_users(s)
+            return svc.list_users(s, me)
 
     @app.delete("/v1/users/{name}")
-    def remove_user(name: str, request: Request) -> dict[str, Any]:
-        me = who(request)
+    def remove_user(name: Name, request: Request) -> dict[str, Any]:
+        me = person(request)
         with db.session() as s:
             svc.remove_user(s, ctx.clock.now(), me, name)
         return {"removed": name}
 
     @app.put("/v1/users/{name}/shares")
-    def shares(name: str, body: SharesIn, request: Request) -> dict[str, Any]:
-        me = who(request)
+    def shares(name: Name, body: SharesIn, request: Request) -> dict[str, Any]:
+        me = person(request)
         with db.session() as s:
             svc.set_shares(s, ctx.clock.now(), me, name, body.shares)
         return {"name": name, "shares": body.shares}
 
     @app.post("/v1/agent-tokens", status_code=201)
     def agent_token(body: AgentTokenIn, request: Request) -> dict[str, Any]:
-        me = who(request)
+        me = person(request)
         with db.session() as s:
             token = svc.create_agent_token(s, ctx.clock.now(), me, body.node)
         return {"node": body.node, "token": token}
 
     @app.get("/v1/share")
     def share(request: Request) -> list[dict[str, Any]]:
-        who(request)
+        person(request)
         from scheduler.views import share_rows
 
         with db.session() as s:
@@ -112,22 +157,22 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict[str, Any]]:
-        who(request)
+        person(request)
         with db.session() as s:
             return svc.node_rows(s)
 
     # ---------------------------------------------------------- data sets
     @app.post("/v1/datasets", status_code=201)
     def make_dataset(body: DatasetIn, request: Request) -> dict[str, Any]:
-        me = who(request)
+        me = person(request)
         from scheduler.datastore import register_dataset
 
         with db.session() as s:
             return register_dataset(s, ctx.clock.now(), me, body)
 
     @app.post("/v1/datasets/{name}/place")
-    def place(name: str, body: PlaceIn, request: Request) -> dict[str, Any]:
-        me = who(request)
+    def place(name: Name, body: PlaceIn, request: Request) -> dict[str, Any]:
+        me = person(request)
         from scheduler.datastore import set_replicas
 
         with db.session() as s:
@@ -137,20 +182,21 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/v1/transfers")
     def transfers(request: Request) -> list[dict[str, Any]]:
-        who(request)
+        person(request)
         with db.session() as s:
             return svc.transfer_rows(s)
 
     @app.get("/v1/datasets")
     def datasets(request: Request) -> list[dict[str, Any]]:
-        who(request)
+        person(request)
         with db.session() as s:
             return svc.dataset_rows(s)
 
     # ---------------------------------------------------------- jobs
-    @app.post("/v1/jobs", status_code=201)
+    @app.post("/v1/jobs", status_code=201,
+              responses={200: {"description": "Already submitted with this client_request_id: that job"}})
     def submit(body: JobSubmit, request: Request) -> JSONResponse:
-        me = who(request)
+        me = person(request)
         with db.session() as s:
             job_id, created = svc.submit_job(s, ctx.clock.now(), me, body.spec, body.client_request_id)
         if created:
@@ -159,53 +205,57 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/v1/jobs")
     def queue(request: Request, all: bool = False) -> dict[str, Any]:
-        who(request)
+        person(request)
         from scheduler.views import queue_view
 
         with db.session() as s:
             return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all)
 
     @app.get("/v1/jobs/{job_id}")
-    def show(job_id: int, request: Request) -> dict[str, Any]:
-        who(request)
+    def show(job_id: JobId, request: Request) -> dict[str, Any]:
+        me = person(request)
         with db.session() as s:
-            return svc.job_detail(s, svc.get_job(s, job_id))
+            job = svc.get_job(s, job_id)
+            return svc.job_detail(s, job, with_logs=me.is_admin or job.user == me.name)
 
     @app.get("/v1/jobs/{job_id}/explain")
-    def explain(job_id: int, request: Request) -> dict[str, Any]:
-        who(request)
+    def explain(job_id: JobId, request: Request) -> dict[str, Any]:
+        person(request)
         from scheduler.views import explain_view
 
         with db.session() as s:
             return explain_view(s, svc.get_job(s, job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: int, request: Request) -> dict[str, Any]:
-        me = who(request)
+    def cancel(job_id: JobId, request: Request) -> dict[str, Any]:
+        me = person(request)
         with db.session() as s:
             state = svc.cancel_job(s, ctx.clock.now(), me, job_id)
         ctx.poke()
         return {"id": job_id, "state": state}
 
     @app.get("/v1/jobs/{job_id}/logs")
-    def logs(job_id: int, request: Request, rank: int | None = None, after: int = 0) -> dict[str, Any]:
-        me = who(request)
+    def logs(job_id: JobId, request: Request, rank: Annotated[int | None, Query(ge=0, le=4096)] = None,
+             after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> dict[str, Any]:
+        me = person(request)
         with db.session() as s:
             job = svc.get_job(s, job_id)
             svc.require_owner(job, me)
             return svc.job_logs(s, job, rank, after)
 
     @app.get("/v1/events")
-    def events(request: Request, job: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        me = who(request)
+    def events(request: Request, job: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+               limit: Annotated[int, Query(ge=1, le=MAX_ID)] = 100) -> list[dict[str, Any]]:
+        me = person(request)
         from scheduler.views import events_view
 
         with db.session() as s:
             return events_view(s, me, job, max(1, min(limit, 1000)))
 
     @app.get("/v1/cluster/history")
-    def cluster_history(request: Request, since: float | None = None, limit: int = 5000) -> list[dict[str, Any]]:
-        who(request)
+    def cluster_history(request: Request, since: float | None = None,
+                        limit: Annotated[int, Query(ge=1, le=MAX_ID)] = 5000) -> list[dict[str, Any]]:
+        person(request)
         from scheduler.metrics import history_rows
 
         with db.session() as s:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.api_models import DatasetIn
 from scheduler.auth import Identity, ticket
-from scheduler.errors import Conflict, NotFound, Unprocessable
+from scheduler.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.models import Dataset, Node, Replica, Shard, Transfer
 from scheduler.replicas import place_replicas
 from scheduler.service import peer_key, record, require_person
@@ -62,11 +62,14 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
 
 
 def set_replicas(s: Session, now: float, who: Identity, name: str, replicas: int) -> dict[str, Any]:
-    """Change R.  Raising it schedules copies (the cycle's replication phase); lowering it drops extras."""
+    """Change R (the data set's owner or an admin).  Raising it schedules copies (the cycle's replication
+    phase); lowering it drops extras."""
     require_person(who)
     d = s.get(Dataset, name)
     if d is None:
         raise NotFound(f"no data set {name!r}")
+    if not (who.is_admin or d.owner == who.name):
+        raise Forbidden(f"data set {name!r} belongs to {d.owner}; only its owner or an admin may change it")
     old = d.replicas_required
     d.replicas_required = replicas
     dropped = []

@@ -6,7 +6,8 @@ Contract (called by ``POST /v1/agent/heartbeat`` with an agent identity bound to
   a replica whose sha256 differs from the manifest is recorded ``corrupt``;
 * each reported rank updates its row; a rank the server does not expect (stale attempt, cancelled or
   requeued job, node that was declared down) is answered with a kill;
-* metrics, checkpoints, log text and transfer results are stored;
+* metrics, checkpoints, log text and transfer results are stored, only for ranks and transfers the
+  server gave this node (an agent cannot write into another node's jobs);
 * the jobs touched are re-derived from their ranks (``sync_job``);
 * the reply lists the ranks the node must run (idempotent: the agent ignores those it already has),
   the ranks to kill, and the replica copies to make.
@@ -25,7 +26,20 @@ from scheduler import states as st
 from scheduler.api_models import Heartbeat
 from scheduler.auth import Identity
 from scheduler.errors import Forbidden
-from scheduler.models import Checkpoint, Dataset, Device, Job, LogChunk, Metric, Node, Rank, Replica, Shard, ShardAssignment, Transfer
+from scheduler.models import (
+    Checkpoint,
+    Dataset,
+    Device,
+    Job,
+    LogChunk,
+    Metric,
+    Node,
+    Rank,
+    Replica,
+    Shard,
+    ShardAssignment,
+    Transfer,
+)
 from scheduler.service import finish_job, peer_key, record, requeue_job
 
 LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
@@ -55,8 +69,9 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
     touched: set[int] = set()
     kill: list[dict[str, int]] = []
     _ranks(s, now, hb, restarted, touched, kill)
-    _logs(s, hb)
-    _metrics(s, now, hb, touched)
+    mine = _ranks_here(s, hb)
+    _logs(s, hb, mine)
+    _metrics(s, now, hb, touched, mine)
     _transfers(s, now, hb)
     for job_id in sorted(touched):
         job = s.get(Job, job_id)
@@ -147,6 +162,11 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
                 row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
         if rr.master_port and row.rank == 0 and job.attempt == row.attempt and job.master_port is None:
             job.master_port = rr.master_port
+        if rr.staging_s and rr.staging_total:
+            done = dict((job.progress or {}).get("staged_ranks", {}))
+            if str(row.rank) not in done:
+                done[str(row.rank)] = {"bytes": rr.staged_bytes, "seconds": rr.staging_s}
+                job.progress = {**(job.progress or {}), "staged_ranks": done}
         if rr.state == "STAGING" and rr.staging_total:
             stage = dict((job.progress or {}).get("staging", {}))
             stage[str(row.rank)] = {"bytes": rr.staged_bytes, "total": rr.staging_total, "rate_bps": rr.staging_rate_bps}
@@ -166,16 +186,27 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
         touched.add(row.job_id)
 
 
-def _logs(s: Session, hb: Heartbeat) -> None:
+def _ranks_here(s: Session, hb: Heartbeat) -> set[tuple[int, int, int]]:
+    """(job, attempt, rank) of every rank, in any state, that the server placed on this node and that
+    this heartbeat mentions in its logs or metrics."""
+    jobs = {c.job_id for c in hb.logs} | {m.job_id for m in hb.metrics}
+    if not jobs:
+        return set()
+    q = select(Rank.job_id, Rank.attempt, Rank.rank).where(Rank.node == hb.node, Rank.job_id.in_(jobs))
+    return {(j, a, r) for j, a, r in s.execute(q)}
+
+
+def _logs(s: Session, hb: Heartbeat, mine: set[tuple[int, int, int]]) -> None:
     for chunk in hb.logs:
-        if chunk.text:
+        if chunk.text and (chunk.job_id, chunk.attempt, chunk.rank) in mine:
             s.add(LogChunk(job_id=chunk.job_id, attempt=chunk.attempt, rank=chunk.rank, offset=0, text=chunk.text))
 
 
-def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int]) -> None:
+def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set[tuple[int, int, int]]) -> None:
+    attempts_here = {(j, a) for j, a, _ in mine}
     for m in hb.metrics:
         job = s.get(Job, m.job_id)
-        if job is None or m.attempt != job.attempt:
+        if job is None or m.attempt != job.attempt or (m.job_id, m.attempt) not in attempts_here:
             continue
         line = m.line
         kind = line.get("type")

@@ -93,7 +93,7 @@ def add_user(s: Session, now: float, who: Identity | None, name: str, shares: fl
 
     if who is not None:
         require_admin(who)
-    if not re.match(USER_NAME_RE, name):
+    if not re.fullmatch(USER_NAME_RE, name):
         raise Unprocessable(f"name: {name!r} is not a valid user name (lowercase letters, digits, _ and -)", "name")
     if not (0 < shares <= 1e6):
         raise Unprocessable("shares: must be a number greater than 0", "shares")
@@ -123,11 +123,14 @@ def remove_user(s: Session, now: float, who: Identity, name: str) -> None:
     user = s.get(User, name)
     if user is None:
         raise NotFound(f"no user {name!r}")
+    if user.role == "admin" and s.scalar(select(func.count()).select_from(User).where(User.role == "admin")) == 1:
+        raise Conflict(f"{name!r} is the last admin: add another admin first (gsched user add NAME --admin)")
     s.delete(user)
     record(s, now, who.actor, "user.remove", name)
 
 
-def list_users(s: Session) -> list[dict[str, Any]]:
+def list_users(s: Session, who: Identity) -> list[dict[str, Any]]:
+    require_admin(who)
     return [{"name": u.name, "shares": u.shares, "role": u.role}
             for u in s.scalars(select(User).order_by(User.name))]
 
@@ -136,7 +139,7 @@ def create_agent_token(s: Session, now: float, who: Identity, node: str) -> str:
     import re
 
     require_admin(who)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", node):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):
         raise Unprocessable(f"node: {node!r} is not a valid node name", "node")
     token = new_token(AGENT_PREFIX)
     s.add(AgentToken(node=node, token_hash=hash_token(token), created_at=now))
@@ -307,7 +310,9 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
     }
 
 
-def job_detail(s: Session, job: Job) -> dict[str, Any]:
+def job_detail(s: Session, job: Job, with_logs: bool = True) -> dict[str, Any]:
+    """Everything about one job.  Without ``with_logs`` (a reader who is not its owner or an admin), the
+    ranks' log tails are left out: only the owner and admins may read a job's output."""
     ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt).order_by(Rank.rank)))
     assigns = list(s.scalars(select(ShardAssignment).where(ShardAssignment.job_id == job.id,
                                                           ShardAssignment.attempt == job.attempt)
@@ -324,7 +329,7 @@ def job_detail(s: Session, job: Job) -> dict[str, Any]:
         "spec": job.spec,
         "attempt": job.attempt,
         "ranks": [{"rank": r.rank, "node": r.node, "devices": r.devices, "state": r.state,
-                   "exit_code": r.exit_code, "log_tail": r.log_tail} for r in ranks],
+                   "exit_code": r.exit_code, "log_tail": r.log_tail if with_logs else ""} for r in ranks],
         "rank_count": (job.spec or {}).get("resources", {}).get("ranks", 1),
         "shards": [{"shard": a.shard, "rank": a.rank, "node": a.node, "source": a.source,
                     "local": a.source == a.node, "bytes": a.bytes, "staged_bytes": a.staged_bytes} for a in assigns],
