@@ -72,14 +72,15 @@ SHORT_STATE = {"COMPLETED": "DONE", "CANCELLED": "CANCEL"}  # narrow terminals: 
 def _job_cells(j: dict[str, Any], now: float, narrow: bool) -> dict[str, str]:
     epochs = j.get("epochs") or 0
     eta = eta_s(j, now)
+    placed = j["state"] != "PENDING" and bool(j.get("nodes"))  # a requeued job's old nodes are history
     cells = {
         "ID": str(j["id"]),
         "USER": j["user"],
         "NAME": _abbrev(j["name"], 10 if narrow else 20),
         "STATE": SHORT_STATE.get(j["state"], j["state"]) if narrow else j["state"],
         "RxD": f"{j['ranks']}x{j['gpus_per_rank']}",
-        "NODES": _nodes_cell(j.get("nodes") or [], 12 if narrow else 24),
-        "LOCAL": f"{100 * (j.get('local_fraction') or 0):.0f}%" if j.get("nodes") else "-",
+        "NODES": _nodes_cell(j.get("nodes") or [], 12 if narrow else 24) if placed else "-",
+        "LOCAL": f"{100 * (j.get('local_fraction') or 0):.0f}%" if placed else "-",
         "FACTOR": f"{j.get('factor') or 0:.2f}",
         "TIME": human_s(elapsed_s(j, now)),
         "EPOCH": f"{int(epochs_progress(j))}/{epochs}" if epochs else "-",
