@@ -1,0 +1,142 @@
+"""Who may call what: every endpoint against every kind of caller, on a real server.
+
+Columns: no token, a wrong token, another user (bob), the owner (alice: owns the job and the data set),
+an admin, the agent of the node the request is about (n1), and the agent of another node (n2).
+Rules (scheduler/app.py): anyone with a user token reads the queue; only the owner or an admin acts on
+a job or a data set; only admins manage users and tokens; agent tokens do nothing but their own
+node's heartbeat.  Placeholders: ``{job}`` alice's job, ``{fresh_job}`` a new job of alice's made for
+the cell (cancel consumes it), ``{fresh_user}`` a new user made for the cell, ``{dataset}`` alice's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.security.conftest import SHA0, World
+
+pytestmark = pytest.mark.integration
+
+WHO = ("none", "wrong", "other", "owner", "admin", "agent_here", "agent_other")
+READ = (401, 401, 200, 200, 200, 403, 403)  # any user or admin; no agent
+MATRIX: list[tuple[str, tuple[int, ...]]] = [
+    # endpoint                                     none wrong other owner admin here other-agent
+    ("GET /v1/health",                             (200, 200, 200, 200, 200, 200, 200)),
+    ("GET /metrics",                               (200, 200, 200, 200, 200, 200, 200)),  # scraped without a token
+    ("GET /v1/whoami",                             (401, 401, 200, 200, 200, 200, 200)),
+    ("GET /v1/jobs",                               READ),
+    ("GET /v1/jobs/{job}",                         READ),
+    ("GET /v1/jobs/{job}/explain",                 READ),
+    ("GET /v1/jobs/{job}/logs",                    (401, 401, 403, 200, 200, 403, 403)),
+    ("POST /v1/jobs/{fresh_job}/cancel",           (401, 401, 403, 200, 200, 403, 403)),
+    ("POST /v1/jobs",                              (401, 401, 201, 201, 201, 403, 403)),
+    ("GET /v1/events",                             READ),
+    ("GET /v1/nodes",                              READ),
+    ("GET /v1/datasets",                           READ),
+    ("GET /v1/transfers",                          READ),
+    ("GET /v1/share",                              READ),
+    ("GET /v1/cluster/history",                    READ),
+    ("POST /v1/datasets",                          (401, 401, 201, 201, 201, 403, 403)),
+    ("POST /v1/datasets/{dataset}/place",          (401, 401, 403, 200, 200, 403, 403)),
+    ("GET /v1/users",                              (401, 401, 403, 403, 200, 403, 403)),
+    ("POST /v1/users",                             (401, 401, 403, 403, 201, 403, 403)),
+    ("DELETE /v1/users/{fresh_user}",              (401, 401, 403, 403, 200, 403, 403)),
+    ("PUT /v1/users/{fresh_user}/shares",          (401, 401, 403, 403, 200, 403, 403)),
+    ("POST /v1/agent-tokens",                      (401, 401, 403, 403, 201, 403, 403)),
+    ("POST /v1/agent/heartbeat",                   (401, 401, 403, 403, 403, 200, 403)),  # a report for n1
+]
+CELLS = [(endpoint, who, expected) for endpoint, row in MATRIX for who, expected in zip(WHO, row, strict=True)]
+
+_counter = iter(range(1, 10**6))
+
+
+def body_for(w: World, endpoint: str) -> Any:
+    n = next(_counter)
+    bodies: dict[str, Callable[[], Any]] = {
+        "POST /v1/jobs": lambda: {"spec": {"name": f"m{n}", "data": {"dataset": w.dataset}}},
+        "POST /v1/datasets": lambda: {"name": f"d{n}", "classes": 2, "image_shape": [3, 8, 8], "replicas": 1,
+                                      "shards": [{"index": 0, "bytes": 1, "sha256": SHA0, "samples": 1}]},
+        "POST /v1/datasets/{dataset}/place": lambda: {"replicas": 1},
+        "POST /v1/users": lambda: {"name": f"u{n}"},
+        "PUT /v1/users/{fresh_user}/shares": lambda: {"shares": 2},
+        "POST /v1/agent-tokens": lambda: {"node": "n9"},
+        "POST /v1/agent/heartbeat": lambda: w.heartbeat("n1"),
+        "POST /v1/jobs/{fresh_job}/cancel": lambda: {},
+    }
+    make = bodies.get(endpoint)
+    return make() if make else None
+
+
+def path_for(w: World, path: str) -> str:
+    if "{fresh_job}" in path:
+        path = path.replace("{fresh_job}", str(w.new_job("victim")))
+    if "{fresh_user}" in path:
+        path = path.replace("{fresh_user}", w.new_user())
+    return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset)
+
+
+@pytest.mark.parametrize("endpoint,who,expected", CELLS, ids=[f"{e} as {who}" for e, who, _ in CELLS])
+def test_matrix(world: World, endpoint: str, who: str, expected: int) -> None:
+    method, path = endpoint.split(" ", 1)
+    token = {"none": None, "wrong": "gsu_" + "x" * 43}.get(who, world.tokens.get(who))
+    status, out = world.call(method, path_for(world, path), token, body_for(world, endpoint))
+    assert status == expected, f"{endpoint} as {who}: {status} {out}"
+    if status >= 400:
+        assert isinstance(out, dict) and out.get("detail"), out  # a message, not an empty error
+
+
+def test_matrix_covers_every_route(world: World) -> None:
+    """A new route must get a row here (and so a decision about who may call it)."""
+    schema = world.ok("GET", "/openapi.json")
+    routes = {f"{m.upper()} {re.sub(r'{[^}]+}', '{}', p)}" for p, ops in schema["paths"].items() for m in ops}
+    covered = {re.sub(r"{[^}]+}", "{}", e) for e, _ in MATRIX}
+    assert routes - covered == set()
+
+
+def test_wrong_kinds_of_token_are_refused(world: World) -> None:
+    for token in ("gsa_" + "x" * 43, "x" * 47, world.tokens["owner"][:-1], world.tokens["owner"] + "x"):
+        assert world.call("GET", "/v1/whoami", token)[0] == 401
+    assert world.call("GET", "/v1/whoami", None)[1]["detail"].startswith("missing token")
+
+
+def test_an_agent_cannot_report_for_another_node(world: World) -> None:
+    before = {n["name"]: n["address"] for n in world.ok("GET", "/v1/nodes")}
+    hb = {**world.heartbeat("n1"), "address": "10.6.6.6:1"}
+    status, out = world.call("POST", "/v1/agent/heartbeat", world.tokens["agent_other"], hb)
+    assert status == 403 and "n1" in out["detail"]
+    assert {n["name"]: n["address"] for n in world.ok("GET", "/v1/nodes")} == before
+
+
+def test_non_owners_do_not_see_log_tails(world: World) -> None:
+    assert world.ok("GET", f"/v1/jobs/{world.job}", "other")["user"] == "alice"  # the queue is public
+    for r in world.ok("GET", f"/v1/jobs/{world.job}", "other")["ranks"]:
+        assert r["log_tail"] == ""
+
+
+def test_the_last_admin_cannot_be_removed(world: World) -> None:
+    status, out = world.call("DELETE", "/v1/users/admin", world.tokens["admin"])
+    assert status == 409 and "last admin" in out["detail"]
+
+
+def test_every_change_is_in_the_event_log(world: World) -> None:
+    """Who did what, and when: each kind of change, made here, is in ``gsched events``."""
+    name = world.new_user()
+    world.ok("PUT", f"/v1/users/{name}/shares", "admin", {"shares": 3})
+    world.ok("DELETE", f"/v1/users/{name}", "admin")
+    world.ok("POST", "/v1/agent-tokens", "admin", {"node": "n7"})
+    world.ok("POST", f"/v1/datasets/{world.dataset}/place", "owner", {"replicas": 1})
+    job = world.new_job("audited")
+    world.ok("POST", f"/v1/jobs/{job}/cancel", "admin")
+    events = world.ok("GET", "/v1/events?limit=1000")
+    seen = {(e["kind"], e["actor"]) for e in events}
+    for kind, actor in [("user.add", "admin"), ("user.shares", "admin"), ("user.remove", "admin"),
+                        ("agent-token.create", "admin"), ("data.make", "alice"), ("data.place", "alice"),
+                        ("job.submit", "alice"), ("job.cancel", "admin")]:
+        assert (kind, actor) in seen, f"no {kind} by {actor}"
+    assert all(e["time"] > 0 for e in events)
+    out = world.cluster.cli("events", "--job", str(job), token=world.tokens["owner"])
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and "job.submit" in lines[0] and "job.cancel" in lines[1] and "admin" in lines[1], lines
