@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import threading
 import time
 import uuid
@@ -39,8 +40,10 @@ class ServerUnavailable(RuntimeError):
 class Agent:
     def __init__(self, servers: list[str], node: str, rack: str, gpus: str, data_dir: Path, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
-                 threads_per_rank: int | None = None, scrub_interval_s: float = 60.0) -> None:
+                 threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
+                 ca: str | None = None) -> None:
         self.servers = [s.rstrip("/") for s in servers]
+        self._ssl = ssl.create_default_context(cafile=ca) if ca else None  # verifies an HTTPS server
         self.node = node
         self.rack = rack
         self.data_dir = data_dir.resolve()
@@ -98,7 +101,7 @@ class Agent:
                                          headers={"Content-Type": "application/json",
                                                   "Authorization": f"Bearer {token or self.token}"})
             try:
-                with urllib.request.urlopen(req, timeout=15) as resp:
+                with urllib.request.urlopen(req, timeout=15, context=self._ssl) as resp:
                     self._server_index = idx
                     return dict(json.loads(resp.read()))
             except urllib.error.HTTPError as e:
@@ -322,7 +325,7 @@ def main(args: Any) -> int:
     servers = [s for s in (args.server or os.environ.get("GSCHED_SERVER", "http://127.0.0.1:8470")).split(",") if s]
     agent = Agent(servers, args.node, args.rack, args.gpus, Path(args.data_dir), host=args.host, port=args.port,
                   token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
-                  scrub_interval_s=args.scrub_interval_s)
+                  scrub_interval_s=args.scrub_interval_s, ca=args.ca or os.environ.get("GSCHED_CA"))
 
     def _term(signum: int, _frame: Any) -> None:
         log.info("signal %s: stopping ranks and exiting", signum)

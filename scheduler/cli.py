@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.")
     p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER or http://127.0.0.1:8470)")
     p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else $GSCHED_HOME/admin.token)")
-    p.add_argument("--ca", help="CA bundle to verify an HTTPS server")
+    p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA; `gsched agent` too)")
     p.add_argument("--install-completion", nargs="?", const="install", choices=["install", "print"], default=None,
                    help="bash completion: install it under ~/.local/share/bash-completion (or print it)")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None)
     s.add_argument("--db", default=None, help="database URL (default sqlite:///$GSCHED_HOME/gsched.db)")
     s.add_argument("--config", default=None, help="gsched.toml")
+    s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS (with --tls-key)")
+    s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
 
     a = sp["agent"]
     a.add_argument("--node", required=True)
@@ -197,7 +199,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     for noisy in ("alembic", "apscheduler"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        settings = load_settings(args.config, host=args.host, port=args.port, db=args.db)
+        settings = load_settings(args.config, host=args.host, port=args.port, db=args.db, tls_cert=args.tls_cert,
+                                 tls_key=args.tls_key)
     except ConfigError as e:
         print(f"gsched server: {e}", file=sys.stderr)
         return 2

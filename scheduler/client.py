@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_SERVER = "http://127.0.0.1:8470"
+CERT_ERROR = 495  # the status of an ApiError for an HTTPS server whose certificate is not trusted (as nginx)
 
 
 class ApiError(Exception):
@@ -76,7 +77,12 @@ class Client:
                     continue
                 raise ApiError(e.code, str(detail)) from None
             except (urllib.error.URLError, OSError) as e:
-                errors.append(f"{self.servers[idx]}: {getattr(e, 'reason', e)}")
+                reason = getattr(e, "reason", e)
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise ApiError(CERT_ERROR, f"{self.servers[idx]}: the server's TLS certificate is not trusted "
+                                   f"({reason.verify_message}): pass --ca FILE or set GSCHED_CA to the CA "
+                                   "that signed it") from None
+                errors.append(f"{self.servers[idx]}: {reason}")
         raise ApiError(0, "cannot reach the gsched server (" + "; ".join(errors) + "); is `gsched server` running? "
                        "Set GSCHED_SERVER or --server")
 

@@ -7,6 +7,8 @@ Example::
     port = 8470
     cycle_interval_s = 2.0
     heartbeat_ttl_s = 15.0
+    tls_cert = "/etc/gsched/server.pem"            # HTTPS (both or neither; see docs/security.md)
+    tls_key = "/etc/gsched/server.key"
 
     [policy]
     arbiter = "twostage"
@@ -22,7 +24,7 @@ Example::
     bob = 1
 
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
-GSCHED_HEARTBEAT_TTL_S, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S.
+GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class Settings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     users: dict[str, float] = field(default_factory=dict)
     home: Path = field(default_factory=gsched_home)
+    tls_cert: str = ""  # PEM certificate chain; with tls_key, the API is served over HTTPS
+    tls_key: str = ""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
 
     @property
     def db_url(self) -> str:
@@ -70,6 +78,8 @@ _ENV = {
     "GSCHED_CYCLE_INTERVAL_S": ("cycle_interval_s", float),
     "GSCHED_HEARTBEAT_TTL_S": ("heartbeat_ttl_s", float),
     "GSCHED_HEARTBEAT_S": ("heartbeat_s", float),
+    "GSCHED_TLS_CERT": ("tls_cert", str),
+    "GSCHED_TLS_KEY": ("tls_key", str),
     "GSCHED_LEASE_TTL_S": ("lease_ttl_s", float),
 }
 _POLICY_ENV = {
@@ -130,9 +140,19 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             kwargs[k] = v
     try:
         settings = Settings(**kwargs)
-        return replace(settings, policy=replace(settings.policy, **policy_kwargs))
+        settings = replace(settings, policy=replace(settings.policy, **policy_kwargs))
     except TypeError as e:
         raise ConfigError(f"{source}: {e}") from e
+    _check_tls(settings)
+    return settings
+
+
+def _check_tls(settings: Settings) -> None:
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise ConfigError("HTTPS needs both tls_cert and tls_key (--tls-cert FILE --tls-key FILE)")
+    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{what}: {path} is not a readable file")
 
 
 def _table(value: Any, source: str, key: str) -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""HTTPS: ``gsched server --tls-cert/--tls-key``; the CLI and agents verify it with ``--ca`` / GSCHED_CA.
+
+A throw-away CA and a server certificate for 127.0.0.1 are made with the ``openssl`` command.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler.client import ApiError, Client
+from scheduler.localcluster import free_port
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
+
+
+def make_certs(d: Path) -> tuple[Path, Path, Path]:
+    """(ca.pem, server.pem, server.key): a CA, and a certificate it signed for 127.0.0.1."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+        "-subj", "/CN=gsched test CA")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+def gsched(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("tls")
+    ca, cert, key = make_certs(root)
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    env = {**os.environ, "GSCHED_HOME": str(root / "home"), "GSCHED_SERVER": url, "GSCHED_HEARTBEAT_S": "0.5",
+           "GSCHED_CYCLE_INTERVAL_S": "1"}
+    for var in ("GSCHED_TOKEN", "GSCHED_CA"):
+        env.pop(var, None)
+    procs = []
+    logs = root / "logs.txt"
+    try:
+        with open(logs, "ab") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "server", "--port", str(port),
+                                           "--tls-cert", str(cert), "--tls-key", str(key)], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+            client = Client(url, token="", ca=str(ca), timeout_s=2)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.get("/v1/health")
+                    break
+                except ApiError:
+                    assert time.monotonic() < deadline, logs.read_text()
+                    time.sleep(0.3)
+            procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "agent", "--node", "n1", "--gpus", "1",
+                                           "--data-dir", str(root / "n1"), "--heartbeat-s", "0.5", "--ca", str(ca)],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        yield url, ca, env
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+def test_agent_heartbeats_over_https_with_its_ca(tls_server: tuple[str, Path, dict[str, str]]) -> None:
+    url, ca, env = tls_server
+    admin = Client(url, token=(Path(env["GSCHED_HOME"]) / "admin.token").read_text().strip(), ca=str(ca))
+    deadline = time.monotonic() + 60
+    while not [n for n in admin.get("/v1/nodes") if n["name"] == "n1" and n["state"] == "up"]:
+        assert time.monotonic() < deadline, "the agent never reported over HTTPS"
+        time.sleep(0.3)
+
+
+def test_cli_verifies_the_server_with_ca(tls_server: tuple[str, Path, dict[str, str]]) -> None:
+    _, ca, env = tls_server
+    assert gsched(env, "queue", "--ca", str(ca)).returncode == 0
+    assert gsched({**env, "GSCHED_CA": str(ca)}, "nodes").returncode == 0
+
+
+def test_cli_without_the_ca_fails_with_a_certificate_message(tls_server: tuple[str, Path, dict[str, str]]) -> None:
+    _, _, env = tls_server
+    out = gsched(env, "queue")
+    assert out.returncode != 0
+    assert "certificate" in out.stderr and "--ca" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_server_needs_both_cert_and_key(tmp_path: Path) -> None:
+    env = {**os.environ, "GSCHED_HOME": str(tmp_path)}
+    out = gsched(env, "server", "--port", str(free_port()), "--tls-cert", str(tmp_path / "x.pem"))
+    assert out.returncode == 2 and "tls_key" in out.stderr, out.stderr
