@@ -309,6 +309,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except UnicodeDecodeError as e:
         print(f"gsched submit: {args.file}: not UTF-8 text: {e}", file=sys.stderr)
         return 2
+    except RecursionError:
+        print(f"gsched submit: {args.file}: not valid TOML: arrays or tables nested too deeply", file=sys.stderr)
+        return 2
     request_id = args.request_id or uuid.uuid4().hex
     c = client(args)
     deadline = time.monotonic() + float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "60"))
