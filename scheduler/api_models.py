@@ -112,6 +112,20 @@ class Heartbeat(_In):
     metrics: list[MetricIn] = Field(default_factory=list, max_length=4096)
     transfers: list[TransferIn] = Field(default_factory=list, max_length=4096)
 
+    @field_validator("devices")
+    @classmethod
+    def _one_report_per_device(cls, devices: list[DeviceIn]) -> list[DeviceIn]:
+        if len({d.index for d in devices}) != len(devices):
+            raise ValueError("each device index may appear once")
+        return devices
+
+    @field_validator("replicas")
+    @classmethod
+    def _one_report_per_replica(cls, replicas: list[ReplicaIn] | None) -> list[ReplicaIn] | None:
+        if replicas is not None and len({(r.dataset, r.shard) for r in replicas}) != len(replicas):
+            raise ValueError("each (dataset, shard) may appear once")
+        return replicas
+
 
 class JobSubmit(_In):
     spec: dict[str, Any]
