@@ -7,7 +7,7 @@ of the current state.  Series (the ``_total`` suffix is added by the exposition 
 
 ==========================================  ======================================================
 ``gsched_jobs{state}``                       jobs in each state (every state, 0 included)
-``gsched_jobs_pending_by_reason{reason}``    pending jobs by why they wait (devices busy, locality ...)
+``gsched_jobs_pending_by_reason{reason}``    pending jobs by why they wait (``PENDING_KINDS``)
 ``gsched_cycle_phase_seconds{phase}``        each phase's duration in the last cycle
 ``gsched_cycle_last_timestamp_seconds``      when the last cycle ran (alert when it stops moving)
 ``gsched_cycles_total``                      cycles recorded
@@ -35,6 +35,10 @@ from scheduler import states as st
 from scheduler.models import ClusterSample, Event, Job, Node, Transfer
 
 DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
+
+
+PENDING_KINDS = ("new", "devices_busy", "locality_wait", "reserved", "too_large", "data_missing", "queue_order",
+                 "requeued", "other")
 
 
 def pending_reason_kind(reason: str) -> str:
@@ -74,8 +78,8 @@ def collect(s: Session, ctx: Any) -> Iterator[Any]:
 
     why = GaugeMetricFamily("gsched_jobs_pending_by_reason", "Pending jobs by why they wait", labels=["reason"])
     kinds = Counter(pending_reason_kind(r) for r in s.scalars(select(Job.reason).where(Job.state == st.PENDING)))
-    for kind, count in sorted(kinds.items()):
-        why.add_metric([kind], count)
+    for kind in PENDING_KINDS:  # every kind, 0 included, so dashboards see stable series
+        why.add_metric([kind], kinds.get(kind, 0))
     yield why
 
     last = s.scalars(select(ClusterSample).order_by(ClusterSample.id.desc()).limit(1)).first()
