@@ -69,7 +69,7 @@ def _nodes_cell(nodes: list[str], width: int) -> str:
 SHORT_STATE = {"COMPLETED": "DONE", "CANCELLED": "CANCEL"}  # narrow terminals: every state fits 7 columns
 
 
-def _job_cells(j: dict[str, Any], now: float, narrow: bool) -> dict[str, str]:
+def _job_cells(j: dict[str, Any], now: float, narrow: bool, factors: dict[str, float] | None = None) -> dict[str, str]:
     epochs = j.get("epochs") or 0
     eta = eta_s(j, now)
     placed = j["state"] != "PENDING" and bool(j.get("nodes"))  # a requeued job's old nodes are history
@@ -81,7 +81,8 @@ def _job_cells(j: dict[str, Any], now: float, narrow: bool) -> dict[str, str]:
         "RxD": f"{j['ranks']}x{j['gpus_per_rank']}",
         "NODES": _nodes_cell(j.get("nodes") or [], 12 if narrow else 24) if placed else "-",
         "LOCAL": f"{100 * (j.get('local_fraction') or 0):.0f}%" if placed else "-",
-        "FACTOR": f"{j.get('factor') or 0:.2f}",
+        # The user's factor now (as in the fair-share strip); a job's own was frozen when it was bound.
+        "FACTOR": f"{(factors or {}).get(j['user'], j.get('factor') or 0):.2f}",
         "TIME": human_s(elapsed_s(j, now)),
         "EPOCH": f"{int(epochs_progress(j))}/{epochs}" if epochs else "-",
         "ETA": human_s(eta) if eta is not None else "-",
@@ -146,7 +147,8 @@ def jobs_table(view: dict[str, Any], width: int = 150, now: float | None = None)
     now = now if now is not None else view.get("time", time.time())
     jobs = view.get("jobs", [])
     narrow = width < WIDE
-    rows = [_job_cells(j, now, narrow) for j in jobs]
+    factors = {u["user"]: float(u.get("factor") or 0) for u in view.get("users", [])}
+    rows = [_job_cells(j, now, narrow, factors) for j in jobs]
     headers = {c: HEADERS.get(c, c) for c in COLUMNS if not (narrow and c in ("EPOCH", "ETA"))}
     if narrow:
         headers["REASON"] = "NOTE"
@@ -335,8 +337,9 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
     c.print(head)
     rows: list[tuple[str, RenderableType]] = []
     spec = doc.get("spec") or {}
-    rows.append(("gang", f"{doc['ranks'] if isinstance(doc['ranks'], int) else doc.get('rank_count')} ranks x "
-                         f"{doc['gpus_per_rank']} devices on data set {doc.get('dataset') or '-'}"))
+    ranks, per_rank = int(doc.get("rank_count") or 1), int(doc.get("gpus_per_rank") or 1)
+    rows.append(("gang", f"{ranks} rank{'s' * (ranks != 1)} x {per_rank} device{'s' * (per_rank != 1)} "
+                         f"on data set {doc.get('dataset') or '-'}"))
     summary = dict(doc, ranks=doc.get("rank_count", 1))
     timing = f"submitted {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['submitted_at']))}"
     if doc.get("started_at"):
@@ -350,7 +353,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
         rows.append(("epochs", f"{doc.get('epochs_done', 0)}/{epochs} done" + (f", ETA {human_s(eta)}" if eta else "")))
     if doc.get("attempt", 1) > 1 or doc.get("restarts"):
         rows.append(("restarts", f"{doc.get('restarts', 0)} (attempt {doc.get('attempt')})"))
-    reason = plain_reason(summary, now)
+    reason = plain_reason(summary, now) if state not in ("RUNNING", "BOUND") else ""  # restarts have a row
     if reason:
         rows.append(("reason", Text(reason, style="red" if state in ("FAILED", "TIMEOUT") else "")))
     if doc.get("nodes"):
@@ -369,9 +372,9 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
             t.add_row(str(r["rank"]), r["node"], ",".join(map(str, r["devices"])),
                       Text(r["state"], style=_style(r["state"])),
                       "" if r["exit_code"] is None else str(r["exit_code"]))
-        c.print(t)
+        c.print(Text(""), t)
     if doc.get("shards"):
-        c.print(shard_map(doc))
+        c.print(Text(""), shard_map(doc))
     stage = (doc.get("progress") or {}).get("staging")
     if stage and state == "STAGING":
         t = _table("staging", ["RANK", "PROGRESS", "BYTES", "RATE", "ETA"], right=("BYTES", "RATE", "ETA"))
@@ -381,7 +384,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
             t.add_row(str(rank), f"{_bar(round(20 * frac), 20, c.options.ascii_only)} {100 * frac:.0f}%",
                       f"{human_bytes(got)}/{human_bytes(total)}", f"{human_bytes(rate)}/s",
                       human_s((total - got) / rate) if rate and got < total else "-")
-        c.print(t)
+        c.print(Text(""), t)
     if doc.get("metrics"):
         t = _table("epochs", ["EPOCH", "LOSS", "ACCURACY", "IMAGES/S", "DATA WAIT", "STEP"],
                    right=("EPOCH", "LOSS", "ACCURACY", "IMAGES/S", "DATA WAIT", "STEP"))
@@ -390,11 +393,11 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
             t.add_row(str(m["epoch"]), "-" if loss is None else f"{loss:.4f}", "-" if acc is None else f"{100 * acc:.1f}%",
                       f"{m.get('images_per_s') or 0:.0f}", f"{100 * (m.get('data_wait_fraction') or 0):.0f}%",
                       f"{1000 * (m.get('step_time_s') or 0):.0f} ms")
-        c.print(t)
+        c.print(Text(""), t)
     if doc.get("checkpoints"):
         cks = doc["checkpoints"]
         last = cks[-1]
-        c.print(Text.assemble(("checkpoints", "bold"), f"  epochs {', '.join(str(k['epoch']) for k in cks)}; latest "
+        c.print(Text(""), Text.assemble(("checkpoints", "bold"), f"  epochs {', '.join(str(k['epoch']) for k in cks)}; latest "
                               f"(epoch {last['epoch']}) {human_bytes(last['bytes'])} on {', '.join(last['nodes'])}"))
     attempts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in doc.get("history") or []:
@@ -405,7 +408,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
             rs = attempts[a]
             t.add_row(str(a), ", ".join(sorted({r["node"] for r in rs})), ", ".join(sorted({r["state"] for r in rs})),
                       ", ".join(str(r["exit_code"]) for r in rs if r["exit_code"] is not None) or "-")
-        c.print(t)
+        c.print(Text(""), t)
     ex = doc.get("explain") or {}
     if ex and state == "PENDING":
         c.print(Text.assemble(("explain", "bold"), f"  queue position {ex.get('queue_position') or '-'} of "
@@ -420,7 +423,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
         t = _table("events", ["TIME", "WHO", "WHAT", "DETAIL"])
         for e in doc["events"][-15:]:
             t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e.get("actor", ""), e["kind"], e["message"])
-        c.print(t)
+        c.print(Text(""), t)
 
 
 def explain(doc: dict[str, Any], console: Console | None = None) -> None:
@@ -451,4 +454,4 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
                       "yes" if cand["chosen"] else "",
                       "" if cand["chosen"] else plain_reason({"state": "PENDING", "reason": cand.get("reason", "")},
                                                               now))
-        c.print(t)
+        c.print(Text(""), t)

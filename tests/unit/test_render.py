@@ -93,7 +93,7 @@ gsched queue  22:13:20  6 jobs: 1 running, 1 staging, 2 pending, 1 completed, 1 
 
 ID  USER   NAME                  STATE      RANKS  NODES               LOCAL  FACTOR  WAIT/RUN  EPOCH    ETA  REASON
 ──────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────
- 1  alice  first                 COMPLETED    2x1  node-a1,node-a2      100%    0.80    20m00s    3/3      -
+ 1  alice  first                 COMPLETED    2x1  node-a1,node-a2      100%    0.81    20m00s    3/3      -
  2  bob    smoke                 FAILED       1x1  node-a2              100%    0.50       40s    0/1      -  rank 0 exited with code 1
  3  alice  resnet-digits         RUNNING      2x1  node-a1,node-b1      100%    0.81     5m00s    2/5  7m30s
  4  bob    big-sweep-lr-0.1-wa~  STAGING      4x2  node-a1,node-a2,+2    50%    0.50       30s   0/10      -  staging 38% of 2.0 GB, 200.0 MB/s, 6s
@@ -248,7 +248,7 @@ def detail_doc() -> dict[str, Any]:
 
 def test_show_has_every_section(utc: None) -> None:
     out = screen_of(lambda c: job_detail(detail_doc(), c, now=T), 100)
-    for needle in ("job 7", "RUNNING", "2 ranks x 1 devices on data set digits", "2/5 done, ETA 7m30s",
+    for needle in ("job 7", "RUNNING", "2 ranks x 1 device on data set digits", "2/5 done, ETA 7m30s",
                    "restarts   1 (attempt 2)", "75% of bytes read locally", "shard map", "0, 1", "3 (n3)",
                    "1.0 GB/1.0 GB", "epochs", "1.2345", "71.0%", "checkpoints  epochs 1, 2; latest (epoch 2) 45.0 MB "
                    "on n1, n2", "attempts", "KILLED", "events", "job.requeue", "node n3 is down"):
