@@ -397,7 +397,8 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
     if doc.get("checkpoints"):
         cks = doc["checkpoints"]
         last = cks[-1]
-        c.print(Text(""), Text.assemble(("checkpoints", "bold"), f"  epochs {', '.join(str(k['epoch']) for k in cks)}; latest "
+        c.print()
+        c.print(Text.assemble(("checkpoints", "bold"), f"  epochs {', '.join(str(k['epoch']) for k in cks)}; latest "
                               f"(epoch {last['epoch']}) {human_bytes(last['bytes'])} on {', '.join(last['nodes'])}"))
     attempts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in doc.get("history") or []:
