@@ -51,6 +51,7 @@ class RankIn(_In):
     staged_bytes: int = Field(0, ge=0, le=MAX_BYTES)
     staging_total: int = Field(0, ge=0, le=MAX_BYTES)
     staging_rate_bps: float = Field(0, ge=0, le=1e15)
+    staging_s: float = Field(0, ge=0, le=1e9)  # seconds this rank spent staging, once done
     master_port: int | None = Field(None, ge=1024, le=65535)
     error: str = Field("", max_length=4096)
 
