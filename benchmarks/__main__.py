@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--only: unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
     report = Report(quick=args.quick)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwind, so every section's finally stops its processes
+
+    signal.signal(signal.SIGTERM, on_term)
     print(f"gsched benchmarks on {machine()}, {today()}{' (quick)' if args.quick else ''}", flush=True)
     t0 = time.perf_counter()
     for name in chosen:
