@@ -32,7 +32,7 @@ class ShardInventory:
 
     def scan(self, rehash: bool = False) -> list[dict[str, Any]]:
         """Every well-named shard file under the data dir: ``dataset``, ``shard``, ``bytes``, ``sha256``."""
-        out = []
+        out: list[dict[str, Any]] = []
         seen = set()
         if not self.data_dir.is_dir():
             return out

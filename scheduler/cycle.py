@@ -198,8 +198,8 @@ def build_snapshot(s: Session, now: float) -> Snapshot:
                                prefer_nodes=ckpt_nodes.get(j.id, ())))
     running = []
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in s.scalars(select(Rank).where(Rank.state.not_in(st.RANK_FINAL))):
-        by_job[r.job_id][r.node] += len(r.devices or [])
+    for rk in s.scalars(select(Rank).where(Rank.state.not_in(st.RANK_FINAL))):
+        by_job[rk.job_id][rk.node] += len(rk.devices or [])
     for j in s.scalars(select(Job).where(Job.id.in_(list(by_job)))):
         start = j.started_at or now
         limit = float(j.spec.get("limits", {}).get("time", 3600))

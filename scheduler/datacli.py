@@ -60,7 +60,7 @@ def make_dataset(c: Client, args: argparse.Namespace) -> int:
             print(args.name)
             return 0
         time.sleep(0.5)
-    print(f"gsched data make: uploaded, but the agents have not confirmed every shard yet; see `gsched data ls`",
+    print("gsched data make: uploaded, but the agents have not confirmed every shard yet; see `gsched data ls`",
           file=sys.stderr)
     return 1
 

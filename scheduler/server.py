@@ -128,7 +128,8 @@ def serve(settings: Settings) -> None:
     app = create_app(ctx)
     log.info("gsched server on %s://%s:%d (db %s)", settings.scheme, settings.host, settings.port,
              _redact(settings.db_url))
-    tls = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key} if settings.tls_cert else {}
+    tls: dict[str, Any] = (
+        {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key} if settings.tls_cert else {})
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, **tls)
     finally:

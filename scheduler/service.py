@@ -365,8 +365,9 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
     for d in s.scalars(select(Device).order_by(Device.node, Device.index)):
         devices[d.node].append(d)
     held: dict[str, int] = defaultdict(int)
-    for node, n in s.execute(select(Replica.node, func.count()).where(Replica.state == "healthy").group_by(Replica.node)):
-        held[node] = n
+    for node, count in s.execute(
+            select(Replica.node, func.count()).where(Replica.state == "healthy").group_by(Replica.node)):
+        held[node] = count
     out = []
     for n in s.scalars(select(Node).order_by(Node.name)):
         healthy = sum(1 for d in devices[n.name] if d.healthy)
@@ -386,13 +387,13 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
     for r in s.scalars(select(Replica).order_by(Replica.dataset, Replica.shard, Replica.node)):
         state = r.state if r.node in up or r.state != "healthy" else "missing"
         replicas[(r.dataset, r.shard)].append({"node": r.node, "state": state})
-    out = []
+    out: list[dict[str, Any]] = []
     for d in s.scalars(select(Dataset).order_by(Dataset.name)):
-        shards = []
+        shards: list[dict[str, Any]] = []
         for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
             shards.append({"index": sh.index, "bytes": sh.bytes, "sha256": sh.sha256, "samples": sh.samples,
                            "replicas": replicas.get((d.name, sh.index), [])})
-        healthy_min = min((sum(1 for r in sh["replicas"] if r["state"] == "healthy") for sh in shards), default=0)
+        healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == "healthy") for sh in shards), default=0)
         out.append({"name": d.name, "source": d.source, "classes": d.classes, "image_shape": d.image_shape,
                     "replicas_required": d.replicas_required, "replicas_healthy_min": healthy_min,
                     "bytes": sum(sh["bytes"] for sh in shards), "samples": sum(sh["samples"] for sh in shards),

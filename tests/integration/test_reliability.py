@@ -85,7 +85,7 @@ def test_server_killed_and_restarted_loses_nothing_and_schedules_nothing_twice(m
                 held[(r["node"], dev)].append((r["bound_at"], r["ended_at"] or float("inf"), d["id"]))
     for key, spans in held.items():
         spans.sort()
-        for (s1, e1, j1), (s2, _e2, j2) in zip(spans, spans[1:], strict=False):
+        for (_s1, e1, j1), (s2, _e2, j2) in zip(spans, spans[1:], strict=False):
             assert s2 >= e1, f"device {key} shared by jobs {j1} and {j2}"
 
 

@@ -47,7 +47,7 @@ def test_killing_the_leader_hands_scheduling_to_the_standby(make_cluster, postgr
     assert len(set(leaders)) == 2 and "" not in leaders
     # Never two cycles at once: every cycle ends before the next one (of any leader) starts.
     spans = [(r.time, r.time + sum((r.durations or {}).values())) for r in rows]
-    for (s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+    for (_s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
         assert s2 >= e1
     # The handover shows in the record: the old leader's cycles, then only the new one's.
     switch = next(i for i, ld in enumerate(leaders) if ld != leaders[0])
