@@ -16,9 +16,9 @@ import signal
 import ssl
 import threading
 import time
-import uuid
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class Agent:
     def __init__(self, servers: list[str], node: str, rack: str, gpus: str, data_dir: Path, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
-                 ca: str | None = None) -> None:
+                 net_iface: str | None = None, ca: str | None = None) -> None:
         self.servers = [s.rstrip("/") for s in servers]
         self._ssl = ssl.create_default_context(cafile=ca) if ca else None  # verifies an HTTPS server
         self.node = node
@@ -53,6 +53,7 @@ class Agent:
         self.device_kind = self.devices[0]["kind"] if self.devices else "cpu"
         self.heartbeat_s = heartbeat_s
         self.scrub_interval_s = scrub_interval_s
+        self.net_iface = net_iface
         self._threads = threads_per_rank
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)
@@ -107,7 +108,7 @@ class Agent:
             except urllib.error.HTTPError as e:
                 detail = e.read().decode(errors="replace")[:500]
                 if e.code in (401, 403):
-                    raise SystemExit(f"gsched agent: the server refused this agent's token ({e.code}): {detail}")
+                    raise SystemExit(f"gsched agent: the server refused this agent's token ({e.code}): {detail}") from None
                 errors.append(f"{self.servers[idx]}: HTTP {e.code} {detail}")
             except OSError as e:
                 errors.append(f"{self.servers[idx]}: {e}")
@@ -325,7 +326,8 @@ def main(args: Any) -> int:
     servers = [s for s in (args.server or os.environ.get("GSCHED_SERVER", "http://127.0.0.1:8470")).split(",") if s]
     agent = Agent(servers, args.node, args.rack, args.gpus, Path(args.data_dir), host=args.host, port=args.port,
                   token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
-                  scrub_interval_s=args.scrub_interval_s, ca=args.ca or os.environ.get("GSCHED_CA"))
+                  scrub_interval_s=args.scrub_interval_s, net_iface=args.net_iface,
+                  ca=args.ca or os.environ.get("GSCHED_CA"))
 
     def _term(signum: int, _frame: Any) -> None:
         log.info("signal %s: stopping ranks and exiting", signum)

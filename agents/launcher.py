@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.dataserver import checkpoint_dir, checkpoint_path
-from agents.shardfile import sha256_file, shard_path
+from agents.shardfile import shard_path
 from agents.staging import StagingError, fetch
 
 log = logging.getLogger("gsched.agent.rank")
@@ -39,6 +39,7 @@ class RankRunner(threading.Thread):
         self.staged = 0
         self.staging_total = 0
         self.rate = 0.0
+        self.staging_s = 0.0
         self.master_port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._killed = threading.Event()
@@ -50,6 +51,8 @@ class RankRunner(threading.Thread):
         self.metrics_path = root / "metrics.jsonl"
         self.log_offset = 0
         self.metrics_offset = 0
+        self._held: list[dict[str, Any]] = []
+        self._mirroring: threading.Thread | None = None
 
     # ------------------------------------------------------------ called by the agent
     def update(self, assignment: dict[str, Any]) -> None:
@@ -69,13 +72,29 @@ class RankRunner(threading.Thread):
         except subprocess.TimeoutExpired:
             _signal_group(proc, signal.SIGKILL)
 
+    def drained(self) -> bool:
+        """Whether every metric line and all log text of an ended rank has been handed over."""
+        if self._held or (self._mirroring is not None and self._mirroring.is_alive()):
+            return False
+        try:
+            if self.a["rank"] == 0 and self.metrics_path.stat().st_size > self.metrics_offset:
+                return False
+        except OSError:
+            pass
+        try:
+            return self.log_path.stat().st_size <= self.log_offset
+        except OSError:
+            return True
+
     def report(self) -> dict[str, Any]:
         state = self.state
         if self._killed.is_set() and state in ("EXITED", "KILLED"):
             state = "KILLED"
+        elif state == "EXITED" and not self.drained():
+            state = "RUNNING"  # its last metrics and logs go out first, then its exit
         return {"job_id": self.key[0], "attempt": self.key[1], "rank": self.key[2], "state": state,
                 "exit_code": self.exit_code, "log_tail": self.log_tail(), "staged_bytes": self.staged,
-                "staging_total": self.staging_total, "staging_rate_bps": self.rate,
+                "staging_total": self.staging_total, "staging_rate_bps": self.rate, "staging_s": self.staging_s,
                 "master_port": self.master_port, "error": self.error[-4000:]}
 
     def log_tail(self, n: int = 4000) -> str:
@@ -97,26 +116,43 @@ class RankRunner(threading.Thread):
         return data.decode(errors="replace")
 
     def new_metric_lines(self) -> list[dict[str, Any]]:
+        """Metric lines written since the last call, in order.
+
+        A checkpoint line is held back (with everything after it) until the checkpoint has been
+        copied to another node in a background thread, so the server only ever records mirrored
+        checkpoints and the heartbeat never waits on a copy.
+        """
         if self.a["rank"] != 0:
             return []
+        if self._mirroring is not None:
+            if self._mirroring.is_alive():
+                return []
+            self._mirroring = None
         try:
             with open(self.metrics_path, "rb") as f:
                 f.seek(self.metrics_offset)
                 data = f.read()
         except OSError:
-            return []
+            data = b""
         end = data.rfind(b"\n") + 1
         self.metrics_offset += end
-        lines = []
         for raw in data[:end].splitlines():
             try:
-                line = json.loads(raw)
+                self._held.append(json.loads(raw))
             except ValueError:
                 continue
-            if line.get("type") == "checkpoint":
-                line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))))
-            lines.append(line)
-        return lines
+        out: list[dict[str, Any]] = []
+        while self._held:
+            line = self._held[0]
+            if line.get("type") == "checkpoint" and "mirrors" not in line:
+                self._mirroring = threading.Thread(target=self._mirror, args=(line,), daemon=True)
+                self._mirroring.start()
+                break
+            out.append(self._held.pop(0))
+        return out
+
+    def _mirror(self, line: dict[str, Any]) -> None:
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))))
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:
@@ -181,6 +217,9 @@ class RankRunner(threading.Thread):
                     log.warning("job %s: %s; trying another replica", self.key[0], e)
             if last_error is not None:
                 raise StagingError(f"shard {sh['dataset']}/{sh['index']}: every replica failed; last: {last_error}")
+        if todo:
+            self.staging_s = time.monotonic() - t0
+            self.staged = done_before
         return paths
 
     def _stage_checkpoint(self) -> str | None:
@@ -233,6 +272,8 @@ class RankRunner(threading.Thread):
             "GSCHED_DEVICES": ",".join(str(d) for d in a["devices"]), "PYTHONUNBUFFERED": "1",
             "GSCHED_THREADS": str(self.agent.threads_per_rank(len(a["devices"]))),
         })
+        if self.agent.net_iface:  # which interface gloo and NCCL bind on multi-homed hosts
+            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.agent.net_iface
         if self.agent.device_kind == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a["devices"])
         else:

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--heartbeat-s", type=float, default=2.0)
     a.add_argument("--threads-per-rank", type=int, default=None)
     a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
+    a.add_argument("--net-iface", default=None, help="network interface ranks use for gloo/NCCL traffic")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")

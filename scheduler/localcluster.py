@@ -33,20 +33,26 @@ class NodeSpec:
     name: str
     rack: str = "rack0"
     gpus: int = 1
+    host: str = "127.0.0.1"  # address the agent binds and advertises
+    netns: str | None = None  # run the agent inside this network namespace (multi-host tests)
+    iface: str | None = None  # interface the ranks use for gloo/NCCL
 
 
 class LocalCluster:
     def __init__(self, root: Path, nodes: list[NodeSpec], *, heartbeat_s: float = 0.5, ttl_s: float = 6.0,
                  cycle_s: float = 0.5, threads_per_rank: int = 1, db: str | None = None,
                  extra_env: dict[str, str] | None = None, scrub_interval_s: float = 60.0,
-                 config: str | None = None, servers: int = 1) -> None:
+                 config: str | None = None, servers: int = 1, server_host: str = "127.0.0.1",
+                 server_netns: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.home = self.root / "home"
         self.nodes = {n.name: n for n in nodes}
         self.ports = [free_port() for _ in range(servers)]
         self.port = self.ports[0]
-        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.server_host = server_host
+        self.server_netns = server_netns
+        self.urls = [f"http://{server_host}:{p}" for p in self.ports]
         self.url = ",".join(self.urls)  # clients and agents fail over along this list
         self.heartbeat_s = heartbeat_s
         self.threads_per_rank = threads_per_rank
@@ -62,19 +68,20 @@ class LocalCluster:
         atexit.register(self.close)
 
     # ------------------------------------------------------------ processes
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], netns: str | None = None) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], env=self.env, stdout=log,
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "scheduler.cli", *args], env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=str(self.root))
         self.procs[name] = proc
         return proc
 
     def start_server(self, wait: bool = True, index: int = 0) -> None:
         """Start server ``index`` (0 is "server", 1 is "server1", ...: standbys on one database)."""
-        args = ["server", "--port", str(self.ports[index])]
+        args = ["server", "--host", self.server_host, "--port", str(self.ports[index])]
         if self.config:
             args += ["--config", self.config]
-        self._spawn(self.server_name(index), args)
+        self._spawn(self.server_name(index), args, self.server_netns)
         if wait:
             self.wait_for(lambda: self.health(index) is not None, 60, f"server {index} to answer")
 
@@ -105,7 +112,8 @@ class LocalCluster:
                                       "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
                                       "--heartbeat-s", str(self.heartbeat_s),
                                       "--threads-per-rank", str(self.threads_per_rank),
-                                      "--scrub-interval-s", str(self.scrub_interval_s)])
+                                      "--scrub-interval-s", str(self.scrub_interval_s), "--host", spec.host,
+                                      *(["--net-iface", spec.iface] if spec.iface else [])], spec.netns)
 
     def start(self) -> LocalCluster:
         for i in range(len(self.ports)):
