@@ -59,9 +59,13 @@ class CycleReport:
 
 
 def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
-              fence: Any = None) -> CycleReport:
+              fence: Any = None, clock: Any = None) -> CycleReport:
     """One cycle at time ``now``.  ``fence()``, when given, must still be true before binding
-    (the leader's lease), so a server that lost the lease mid-cycle binds nothing."""
+    (the leader's lease), so a server that lost the lease mid-cycle binds nothing.
+
+    ``clock()``, when given, stamps each binding with the time it commits: heartbeats run between
+    the cycle's phases, and a device a heartbeat freed after ``now`` must not look bound before it
+    was free in the rank history."""
     report = CycleReport(time=now)
 
     def phase(name: str, fn: Any) -> Any:
@@ -85,7 +89,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         return report
     for job_id, cand in decision.bindings.items():
         with db.session() as s:
-            if bind(s, now, job_id, cand):
+            if bind(s, now, job_id, cand, clock):
                 report.bound.append(job_id)
     report.counts["bound"] = len(report.bound)
     with db.session() as s:
@@ -215,11 +219,12 @@ def build_snapshot(s: Session, now: float) -> Snapshot:
 # ------------------------------------------------------------------ 6. bind
 
 
-def bind(s: Session, now: float, job_id: int, cand: Candidate) -> bool:
+def bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Any = None) -> bool:
     """Bind one job to ``cand`` in the caller's transaction, or do nothing and return False.
 
     Re-checks that the job is still PENDING and that every device it needs is still free, so two
-    cycles (or a stale decision) can never give a device twice.
+    cycles (or a stale decision) can never give a device twice.  The binding is stamped
+    ``max(now, clock())`` taken after that check, so it never predates the release it relies on.
     """
     job = s.get(Job, job_id)
     if job is None or job.state != st.PENDING:
@@ -233,6 +238,8 @@ def bind(s: Session, now: float, job_id: int, cand: Candidate) -> bool:
     for node, need in cand.devices_by_node().items():
         if node not in up or len(free[node]) < need:
             return False
+    if clock is not None:
+        now = max(now, clock())
     job.attempt += 1
     st.transition(job, st.BOUND, f"bound to {', '.join(cand.nodes)}")
     job.master_port = None

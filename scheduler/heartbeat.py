@@ -17,6 +17,7 @@ Processing the same heartbeat twice is harmless: updates are absolute, and log t
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -257,9 +258,14 @@ def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> 
     if failed:
         if now - min(r.ended_at or now for r in failed) < failure_grace_s:
             return
-        r = min(failed, key=lambda r: r.rank)
+        # The first observed failure is the likely cause (its peers then fail on the broken
+        # connection); a rank killed by a signal beats one that exited with an error at the same time.
+        failed.sort(key=lambda r: (r.ended_at or now, 0 if (r.exit_code or 0) < 0 else 1, r.rank))
+        r = failed[0]
         tail = "\n".join((r.log_tail or "").strip().splitlines()[-10:])
-        why = f"rank {r.rank} on {r.node} exited with code {r.exit_code}"
+        why = _exit_words(r)
+        if len(failed) > 1:
+            why += "; then " + ", ".join(_exit_words(x) for x in failed[1:])
         retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
         if job.failures < retries:
             job.failures += 1
@@ -283,6 +289,18 @@ def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> 
             record(s, now, "server", "job.running", f"on {', '.join(sorted({r.node for r in ranks}))}", job_id=job.id)
     elif states & {st.R_STAGING, st.R_READY, st.R_RUNNING} and job.state == st.BOUND:
         st.transition(job, st.STAGING, "staging data and starting ranks")
+
+
+def _exit_words(r: Rank) -> str:
+    """``rank 1 on n2 exited with code -9 (SIGKILL)``: the rank, its node and how it ended."""
+    code = r.exit_code
+    words = f"rank {r.rank} on {r.node} exited with code {code}"
+    if code is not None and code < 0:
+        try:
+            words += f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return words
 
 
 def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ class ServerContext:
             self._leader = leading
             if leading:
                 run_cycle(self.db, self.settings, now, leader=self.server_id,
-                          fence=lambda: holds(self.db, self.server_id, self.clock.now()))
+                          fence=lambda: holds(self.db, self.server_id, self.clock.now()), clock=self.clock.now)
         except Exception:
             log.exception("cycle failed")
         finally:

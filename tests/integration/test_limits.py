@@ -1,0 +1,91 @@
+"""Limits with real processes on loopback: a job past its time limit, a rank that crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from scheduler.localcluster import NodeSpec
+from tests.conftest import TINY_SOURCE, job_toml, rank_processes
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two_nodes(make_cluster):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1"), NodeSpec("n2")], ttl_s=4.0).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
+    return c
+
+
+def _free_everywhere(c) -> bool:  # type: ignore[no-untyped-def]
+    return all(n["devices_free"] == n["devices"] for n in c.admin().get("/v1/nodes"))
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout_with_its_checkpoints(two_nodes, tmp_path):  # type: ignore[no-untyped-def]
+    c = two_nodes
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("endless", ranks=2, epochs=1000, limits='time = "25s"'))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+    c.wait_job(job_id, "RUNNING", timeout=120)
+    assert rank_processes(job_id)
+
+    doc = c.wait_job(job_id, {"TIMEOUT", "COMPLETED", "FAILED"}, timeout=120)
+    assert doc["state"] == "TIMEOUT", doc["reason"]
+    assert "time limit of 25s" in doc["reason"]
+    # It ran for its limit (give or take a cycle and a heartbeat), not a whole 1000 epochs.
+    assert 25 <= doc["ended_at"] - doc["started_at"] < 40
+    # The epochs it finished were checkpointed (and mirrored) before the limit struck: a resubmit could resume.
+    assert doc["checkpoints"] and all(len(ck["nodes"]) >= 2 for ck in doc["checkpoints"])
+    assert len(doc["metrics"]) == len(doc["checkpoints"]) < 1000
+    # Every rank was stopped and its devices went back to the pool.
+    c.wait_for(lambda: rank_processes(job_id) == [], 30, "the ranks to exit")
+    c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
+    assert [e["kind"] for e in doc["events"]].count("job.timeout") == 1
+
+
+def test_a_crashed_rank_stops_its_gang_and_fails_the_job_naming_rank_code_and_log(two_nodes, tmp_path):  # type: ignore[no-untyped-def]
+    c = two_nodes
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("crashy", ranks=2, epochs=1000))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+    doc = c.wait_for(lambda: (d := c.job(job_id))["metrics"] and d, 120, "a first epoch")
+    pids = rank_processes(job_id)
+    assert len(pids) == 2
+    rank1_node = next(r["node"] for r in doc["ranks"] if r["rank"] == 1)
+    victim = next(p for p in pids if b"RANK=1" in open(f"/proc/{p}/environ", "rb").read().split(b"\0"))
+    os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+
+    doc = c.wait_job(job_id, {"FAILED", "COMPLETED", "PENDING"}, timeout=60)
+    assert doc["state"] == "FAILED", doc["reason"]
+    assert f"rank 1 on {rank1_node} exited with code -9 (SIGKILL)" in doc["reason"]
+    # The reason carries the last lines of the first failed rank's log (it printed its epochs).
+    assert "epoch" in doc["reason"].lower()
+    assert doc["restarts"] == 0 and doc["attempt"] == 1  # not retried: retry_on_failure defaults to 0
+    # Its peer was stopped with it; nothing of the job runs any more, the devices are free.
+    c.wait_for(lambda: rank_processes(job_id) == [], 30, "the surviving rank to be stopped")
+    c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
+
+
+def test_retry_on_failure_places_the_job_again_then_fails_it_past_the_bound(two_nodes, tmp_path):  # type: ignore[no-untyped-def]
+    c = two_nodes
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("retried", ranks=1, epochs=1000, limits='time = "10m"\nretry_on_failure = 1'))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+
+    def kill_the_rank(attempt: int) -> None:
+        c.wait_for(lambda: (d := c.job(job_id))["state"] == "RUNNING" and d["attempt"] == attempt and d, 120,
+                   f"attempt {attempt} to run")
+        c.wait_for(lambda: len(rank_processes(job_id)) == 1, 60, "its rank process")
+        os.kill(rank_processes(job_id)[0], signal.SIGKILL)
+
+    kill_the_rank(1)
+    doc = c.wait_for(lambda: (d := c.job(job_id))["attempt"] == 2 and d, 60, "the retry")
+    requeue = [e["message"] for e in doc["events"] if e["kind"] == "job.requeue"]
+    assert len(requeue) == 1 and "exited with code -9 (SIGKILL); retry 1 of 1" in requeue[0]
+    kill_the_rank(2)
+    doc = c.wait_job(job_id, {"FAILED", "COMPLETED"}, timeout=60)
+    assert doc["state"] == "FAILED" and "rank 0 on" in doc["reason"] and "code -9" in doc["reason"]
+    assert doc["attempt"] == 2 and doc["restarts"] == 0  # a retry is not a node-loss restart
