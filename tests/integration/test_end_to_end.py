@@ -13,8 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def two_nodes(make_cluster):  # type: ignore[no-untyped-def]
-    c = make_cluster([NodeSpec("n1", "r1", gpus=1), NodeSpec("n2", "r1", gpus=1)]).start()
+def two_nodes(make_cluster, db_url):  # type: ignore[no-untyped-def]
+    """Two nodes and a server on each database backend (SQLite file, throw-away PostgreSQL 15)."""
+    c = make_cluster([NodeSpec("n1", "r1", gpus=1), NodeSpec("n2", "r1", gpus=1)], db=db_url).start()
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "4", "--replicas", "2")
     return c
 

@@ -39,7 +39,12 @@ def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout_with_its_checkpoi
     assert 25 <= doc["ended_at"] - doc["started_at"] < 40
     # The epochs it finished were checkpointed (and mirrored) before the limit struck: a resubmit could resume.
     assert doc["checkpoints"] and all(len(ck["nodes"]) >= 2 for ck in doc["checkpoints"])
-    assert len(doc["metrics"]) == len(doc["checkpoints"]) < 1000
+    # An epoch's metrics line goes out before its checkpoint is written and mirrored, so the limit can
+    # strike between the two: the last finished epoch may lack a checkpoint, no earlier one may.
+    epochs = [m["epoch"] for m in doc["metrics"]]
+    ckpt_epochs = [ck["epoch"] for ck in doc["checkpoints"]]
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) < 1000
+    assert ckpt_epochs == epochs[: len(ckpt_epochs)] and len(epochs) - len(ckpt_epochs) <= 1
     # Every rank was stopped and its devices went back to the pool.
     c.wait_for(lambda: rank_processes(job_id) == [], 30, "the ranks to exit")
     c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
