@@ -144,10 +144,11 @@ class Agent:
                  "." * (width - filled), f"{done / 1e6:.1f}", f"{total / 1e6:.1f}", rate / 1e6, eta)
 
     def mirror_checkpoint(self, job_id: int, path: Path) -> list[str]:
-        """Copy a fresh checkpoint to one other up node before the server records it."""
+        """Copy a fresh checkpoint to one other up node (the server's order: another rack first) before
+        the server records it."""
         if not path.is_file() or not self.peer_key:
             return []
-        for node, address in sorted(self.peers.items()):
+        for node, address in list(self.peers.items()):
             if node == self.node:
                 continue
             ts = int(time.time())
@@ -231,7 +232,8 @@ class Agent:
 
     def apply(self, reply: dict[str, Any], reported: list[RankRunner]) -> None:
         self.peer_key = reply.get("peer_key") or self.peer_key
-        self.peers = {p["name"]: p["address"] for p in reply.get("peers", [])}
+        if "peers" in reply:  # sent while this node runs ranks: where to mirror checkpoints, best first
+            self.peers = {p["name"]: p["address"] for p in reply["peers"]}
         self.heartbeat_s = float(reply.get("heartbeat_s", self.heartbeat_s))
         wanted = set()
         for a in reply.get("assignments", []):

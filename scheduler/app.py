@@ -78,7 +78,7 @@ def create_app(ctx: Any) -> FastAPI:
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not token:
             raise Unauthorized("missing token: set GSCHED_TOKEN or pass --token")
-        with db.session() as s:
+        with db.read() as s:
             ident = svc.authenticate(s, token)
         if ident is None:
             raise Unauthorized("invalid token")
@@ -110,7 +110,7 @@ def create_app(ctx: Any) -> FastAPI:
     @app.get("/v1/users")
     def users(request: Request) -> list[dict[str, Any]]:
         me = person(request)
-        with db.session() as s:
+        with db.read() as s:
             return svc.list_users(s, me)
 
     @app.delete("/v1/users/{name}")
@@ -139,7 +139,7 @@ def create_app(ctx: Any) -> FastAPI:
         person(request)
         from scheduler.views import share_rows
 
-        with db.session() as s:
+        with db.read() as s:
             return share_rows(s, ctx.clock.now(), ctx.settings.policy)
 
     # ---------------------------------------------------------- agents
@@ -158,7 +158,7 @@ def create_app(ctx: Any) -> FastAPI:
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict[str, Any]]:
         person(request)
-        with db.session() as s:
+        with db.read() as s:
             return svc.node_rows(s)
 
     # ---------------------------------------------------------- data sets
@@ -183,13 +183,13 @@ def create_app(ctx: Any) -> FastAPI:
     @app.get("/v1/transfers")
     def transfers(request: Request) -> list[dict[str, Any]]:
         person(request)
-        with db.session() as s:
+        with db.read() as s:
             return svc.transfer_rows(s)
 
     @app.get("/v1/datasets")
     def datasets(request: Request) -> list[dict[str, Any]]:
         person(request)
-        with db.session() as s:
+        with db.read() as s:
             return svc.dataset_rows(s)
 
     # ---------------------------------------------------------- jobs
@@ -208,13 +208,13 @@ def create_app(ctx: Any) -> FastAPI:
         person(request)
         from scheduler.views import queue_view
 
-        with db.session() as s:
+        with db.read() as s:
             return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all)
 
     @app.get("/v1/jobs/{job_id}")
     def show(job_id: JobId, request: Request) -> dict[str, Any]:
         me = person(request)
-        with db.session() as s:
+        with db.read() as s:
             job = svc.get_job(s, job_id)
             return svc.job_detail(s, job, with_logs=me.is_admin or job.user == me.name)
 
@@ -223,7 +223,7 @@ def create_app(ctx: Any) -> FastAPI:
         person(request)
         from scheduler.views import explain_view
 
-        with db.session() as s:
+        with db.read() as s:
             return explain_view(s, svc.get_job(s, job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel")
@@ -238,7 +238,7 @@ def create_app(ctx: Any) -> FastAPI:
     def logs(job_id: JobId, request: Request, rank: Annotated[int | None, Query(ge=0, le=4096)] = None,
              after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> dict[str, Any]:
         me = person(request)
-        with db.session() as s:
+        with db.read() as s:
             job = svc.get_job(s, job_id)
             svc.require_owner(job, me)
             return svc.job_logs(s, job, rank, after)
@@ -249,7 +249,7 @@ def create_app(ctx: Any) -> FastAPI:
         me = person(request)
         from scheduler.views import events_view
 
-        with db.session() as s:
+        with db.read() as s:
             return events_view(s, me, job, max(1, min(limit, 1000)))
 
     @app.get("/v1/cluster/history")
@@ -258,14 +258,14 @@ def create_app(ctx: Any) -> FastAPI:
         person(request)
         from scheduler.metrics import history_rows
 
-        with db.session() as s:
+        with db.read() as s:
             return history_rows(s, since, max(1, min(limit, 50000)))
 
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         from scheduler.metrics import render
 
-        with db.session() as s:
+        with db.read() as s:
             return PlainTextResponse(render(s, ctx), media_type="text/plain; version=0.0.4")
 
     return app

@@ -18,9 +18,9 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from scheduler import states as st
@@ -80,7 +80,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         report.counts["timeouts"] = phase("limits", lambda: enforce_time_limits(s, now, settings.heartbeat_ttl_s))
     with db.session() as s:
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
-    with db.session() as s:
+    with db.read() as s:
         snap = phase("snapshot", lambda: build_snapshot(s, now))
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
     report.counts["pending"] = len(snap.pending)
@@ -173,44 +173,56 @@ def busy_devices(s: Session) -> dict[str, set[int]]:
 
 
 def build_snapshot(s: Session, now: float) -> Snapshot:
+    """Read the cluster into an immutable ``Snapshot`` (plain column reads, no ORM objects: at a
+    thousand nodes and jobs this is the cycle's biggest read, and it runs in a read-only session)."""
     busy = busy_devices(s)
     healthy: dict[str, int] = defaultdict(int)
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for n in s.scalars(select(Node).where(Node.state == "up").order_by(Node.name)):
-        devs = healthy.get(n.name, 0)
-        nodes[n.name] = NodeView(name=n.name, rack=n.rack, devices=devs, free=max(0, devs - len(busy[n.name])))
+    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == "up").order_by(Node.name)):
+        devs = healthy.get(name, 0)
+        nodes[name] = NodeView(name=name, rack=rack, devices=devs, free=max(0, devs - len(busy[name])))
     shards: dict[str, list[ShardView]] = defaultdict(list)
-    for sh in s.scalars(select(Shard).order_by(Shard.dataset, Shard.index)):
-        shards[sh.dataset].append(ShardView(sh.dataset, sh.index, sh.bytes, sh.samples))
+    for ds, index, size, samples in s.execute(
+            select(Shard.dataset, Shard.index, Shard.bytes, Shard.samples).order_by(Shard.dataset, Shard.index)):
+        shards[ds].append(ShardView(ds, index, size, samples))
     replicas: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for r in s.scalars(select(Replica).where(Replica.state == "healthy").order_by(Replica.node)):
-        if r.node in nodes:
-            replicas[(r.dataset, r.shard)].append(r.node)
+    for ds, index, node in s.execute(
+            select(Replica.dataset, Replica.shard, Replica.node).where(Replica.state == "healthy").order_by(Replica.node)):
+        if node in nodes:
+            replicas[(ds, index)].append(node)
+    pending_ids = select(Job.id).where(Job.state == st.PENDING).scalar_subquery()
     ckpt_nodes: dict[int, tuple[str, ...]] = {}
-    for c in s.scalars(select(Checkpoint).order_by(Checkpoint.job_id, Checkpoint.epoch)):
-        ckpt_nodes[c.job_id] = tuple(c.nodes or ())
+    for job_id, ck_nodes in s.execute(select(Checkpoint.job_id, Checkpoint.nodes)
+                                      .where(Checkpoint.job_id.in_(pending_ids))
+                                      .order_by(Checkpoint.job_id, Checkpoint.epoch)):
+        ckpt_nodes[job_id] = tuple(ck_nodes or ())
     pending = []
-    for j in s.scalars(select(Job).where(Job.state == st.PENDING).order_by(Job.id)):
-        res = j.spec.get("resources", {})
-        pending.append(JobView(id=j.id, user=j.user, ranks=int(res.get("ranks", 1)),
+    for job_id, user, spec, submitted_at, pending_since in s.execute(
+            select(Job.id, Job.user, Job.spec, Job.submitted_at, Job.pending_since)
+            .where(Job.state == st.PENDING).order_by(Job.id)):
+        res = spec.get("resources", {})
+        pending.append(JobView(id=job_id, user=user, ranks=int(res.get("ranks", 1)),
                                devices_per_rank=int(res.get("gpus_per_rank", 1)),
-                               dataset=j.spec.get("data", {}).get("dataset"), submit_s=j.submitted_at,
-                               pending_since_s=j.pending_since,
-                               time_limit_s=float(j.spec.get("limits", {}).get("time", 3600)),
-                               prefer_nodes=ckpt_nodes.get(j.id, ())))
+                               dataset=spec.get("data", {}).get("dataset"), submit_s=submitted_at,
+                               pending_since_s=pending_since,
+                               time_limit_s=float(spec.get("limits", {}).get("time", 3600)),
+                               prefer_nodes=ckpt_nodes.get(job_id, ())))
     running = []
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for rk in s.scalars(select(Rank).where(Rank.state.not_in(st.RANK_FINAL))):
-        by_job[rk.job_id][rk.node] += len(rk.devices or [])
-    for j in s.scalars(select(Job).where(Job.id.in_(list(by_job)))):
-        start = j.started_at or now
-        limit = float(j.spec.get("limits", {}).get("time", 3600))
-        running.append(RunningView(id=j.id, user=j.user, devices_by_node=tuple(sorted(by_job[j.id].items())),
+    for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
+                                           .where(Rank.state.not_in(st.RANK_FINAL))):
+        by_job[job_id][node] += len(devices or [])
+    for job_id, user, spec, started_at in s.execute(
+            select(Job.id, Job.user, Job.spec, Job.started_at).where(Job.id.in_(list(by_job)))):
+        start = started_at or now
+        limit = float(spec.get("limits", {}).get("time", 3600))
+        running.append(RunningView(id=job_id, user=user, devices_by_node=tuple(sorted(by_job[job_id].items())),
                                    end_by_s=max(now, start + limit)))
-    usage = {u.user: u.device_seconds for u in s.scalars(select(Usage))}
-    shares = {u.name: u.shares for u in s.scalars(select(User))}
+    running.sort(key=lambda r: r.id)
+    usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
+    shares = dict(s.execute(select(User.name, User.shares)).all())
     return Snapshot(now_s=now, nodes=nodes, shards={k: tuple(v) for k, v in shards.items()},
                     replicas={k: tuple(v) for k, v in replicas.items()}, pending=tuple(pending),
                     running=tuple(running), usage=usage, shares=shares)
@@ -280,49 +292,49 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     budget = concurrency - inflight
     if budget <= 0:
         return 0
-    up = [(n.name, n.rack) for n in s.scalars(select(Node).where(Node.state == "up").order_by(Node.name))]
+    up = [(name, rack) for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == "up").order_by(Node.name))]
     if not up:
         return 0
     up_names = {n for n, _ in up}
-    inflight_keys = {(t.dataset, t.shard, t.dst) for t in s.scalars(select(Transfer).where(
+    inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running"))))}
+    # Plain column reads (no ORM objects): this runs every cycle over every replica in the cluster.
     node_bytes: dict[str, int] = defaultdict(int)
-    reps: dict[tuple[str, int], list[Replica]] = defaultdict(list)
-    for r in s.scalars(select(Replica)):
-        reps[(r.dataset, r.shard)].append(r)
-    sizes = {(sh.dataset, sh.index): sh.bytes for sh in s.scalars(select(Shard))}
-    for (ds, idx), rs in reps.items():
-        for r in rs:
-            if r.state == "healthy" and r.node in up_names:
-                node_bytes[r.node] += sizes.get((ds, idx), 0)
+    sizes = {(ds, i): size for ds, i, size in s.execute(select(Shard.dataset, Shard.index, Shard.bytes))}
+    reps: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
+    for ds, i, node, state in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state)):
+        reps[(ds, i)].append((node, state))
+        if state == "healthy" and node in up_names:
+            node_bytes[node] += sizes.get((ds, i), 0)
+    required = dict(s.execute(select(Dataset.name, Dataset.replicas_required)).all())
+    racks = dict(up)
     made = 0
-    for d in s.scalars(select(Dataset).order_by(Dataset.name)):
-        for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
-            rs = reps.get((d.name, sh.index), [])
-            healthy = [r.node for r in rs if r.state == "healthy" and r.node in up_names]
-            if not healthy or len(healthy) >= d.replicas_required:
-                continue
-            pending_dst = [dst for (ds, i, dst) in inflight_keys if ds == d.name and i == sh.index]
-            have = healthy + pending_dst
-            if len(have) >= d.replicas_required:
-                continue
-            # Nodes holding a corrupt or missing copy come first: repair in place.
-            repair = [r.node for r in rs if r.state in ("corrupt", "missing") and r.node in up_names
-                      and r.node not in have]
-            plan = place_replicas([(sh.index, sh.bytes)], up, d.replicas_required, existing={sh.index: have},
-                                  node_bytes=node_bytes)
-            targets = [n for n in plan.get(sh.index, []) if n not in have]
-            targets = sorted(targets, key=lambda n: (n not in repair, n))
-            for dst in targets[: d.replicas_required - len(have)]:
-                if made >= budget:
-                    return made
-                src = min(healthy, key=lambda n: (dict(up).get(n) != dict(up).get(dst), n))
-                s.add(Transfer(job_id=None, dataset=d.name, shard=sh.index, src=src, dst=dst, bytes=sh.bytes,
-                               state="pending", created_at=now))
-                inflight_keys.add((d.name, sh.index, dst))
-                node_bytes[dst] += sh.bytes
-                record(s, now, "server", "replica.copy", f"{d.name}/{sh.index}: {src} -> {dst}", node=dst)
-                made += 1
+    for (ds, index), size in sorted(sizes.items()):
+        want = required.get(ds, 0)
+        rs = reps.get((ds, index), [])
+        healthy = [node for node, state in rs if state == "healthy" and node in up_names]
+        if not healthy or len(healthy) >= want:
+            continue
+        pending_dst = [dst for (d, i, dst) in inflight_keys if d == ds and i == index]
+        have = healthy + pending_dst
+        if len(have) >= want:
+            continue
+        # Nodes holding a corrupt or missing copy come first: repair in place.
+        repair = [node for node, state in rs if state in ("corrupt", "missing") and node in up_names
+                  and node not in have]
+        plan = place_replicas([(index, size)], up, want, existing={index: have}, node_bytes=node_bytes)
+        targets = [n for n in plan.get(index, []) if n not in have]
+        targets = sorted(targets, key=lambda n: (n not in repair, n))
+        for dst in targets[: want - len(have)]:
+            if made >= budget:
+                return made
+            src = min(healthy, key=lambda n: (racks.get(n) != racks.get(dst), n))
+            s.add(Transfer(job_id=None, dataset=ds, shard=index, src=src, dst=dst, bytes=size,
+                           state="pending", created_at=now))
+            inflight_keys.add((ds, index, dst))
+            node_bytes[dst] += size
+            record(s, now, "server", "replica.copy", f"{ds}/{index}: {src} -> {dst}", node=dst)
+            made += 1
     return made
 
 
@@ -331,11 +343,14 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
 
 def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
                  decision: Decision, report: CycleReport, leader: str = "") -> None:
+    """Store every pending job's explanation (factor, priority, queue position, candidates, reason)
+    and one cluster sample.  Two executemany UPDATEs by id rather than one ORM object per job: with a
+    thousand pending jobs this phase holds the write lock, and heartbeats wait behind it."""
     position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
+    reservation = _reservation(decision)
+    explained: list[dict[str, Any]] = []
+    reasons: list[dict[str, Any]] = []
     for jv in snap.pending:
-        job = s.get(Job, jv.id)
-        if job is None:
-            continue
         chosen = decision.bindings.get(jv.id)
         cands = []
         for i, c in enumerate(candidates.get(jv.id, [])):
@@ -344,15 +359,23 @@ def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, l
                           "local_fraction": round(c.local_fraction, 4), "transfer_bytes": c.transfer_bytes,
                           "transfer_cost_ms": c.transfer_cost_ms, "chosen": chosen is c,
                           "reason": "chosen" if chosen is c else decision.candidate_reasons.get((jv.id, i), "")})
-        job.factor = float(decision.factors.get(jv.id, job.factor))
-        job.priority = float(decision.priorities.get(jv.id, job.priority))
+        factor = float(decision.factors.get(jv.id, 1.0))
+        priority = float(decision.priorities.get(jv.id, 0.0))
         reason = "" if chosen is not None else decision.reasons.get(jv.id, "waiting for the next cycle")
-        job.explain = {"time": now, "factor": job.factor, "priority": job.priority,
-                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
-                       "candidates": cands, "reason": reason or "bound",
-                       "reservation": _reservation(decision)}
-        if chosen is None and job.state == st.PENDING:
-            job.reason = reason
+        explained.append({"_id": jv.id, "factor": factor, "priority": priority,
+                          "explain": {"time": now, "factor": factor, "priority": priority,
+                                      "queue_position": position.get(jv.id), "queue_length": len(decision.order),
+                                      "candidates": cands, "reason": reason or "bound", "reservation": reservation}})
+        if chosen is None:
+            reasons.append({"_id": jv.id, "reason": reason})
+    table = cast(Table, Job.__table__)
+    if explained:
+        s.execute(table.update().where(table.c.id == bindparam("_id"))
+                  .values(factor=bindparam("factor"), priority=bindparam("priority"), explain=bindparam("explain")),
+                  explained)
+    if reasons:  # only jobs still pending: a job cancelled since the snapshot keeps its own reason
+        s.execute(table.update().where(table.c.id == bindparam("_id"), table.c.state == st.PENDING)
+                  .values(reason=bindparam("reason")), reasons)
     busy = sum(len(v) for v in busy_devices(s).values())
     total = sum(n.devices for n in snap.nodes.values())
     running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(st.ACTIVE))) or 0

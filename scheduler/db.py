@@ -3,6 +3,11 @@
 ``open_database(url)`` returns a ``Database`` whose ``session()`` is a context manager giving one
 transaction.  SQLite gets WAL, a busy timeout and foreign keys; writes are serialised with a process
 lock because SQLite allows one writer.  PostgreSQL uses the engine's pool as it is.
+
+``read()`` gives a session for reading only: it takes no write lock (under WAL, SQLite readers never
+wait for the writer), so authentication, the GET routes and the cycle's snapshot do not queue behind
+heartbeats and bindings.  It is always rolled back, and a flush in it is an error, so a write slipped
+into a read path fails loudly instead of vanishing.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class Database:
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._reader = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        event.listen(self._reader, "before_flush", _refuse_flush)
         self._write_lock = threading.RLock() if self.is_sqlite else None
 
     @contextmanager
@@ -47,6 +54,15 @@ class Database:
         finally:
             if lock is not None:
                 lock.release()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session: no write lock, rolled back at the end; flushing raises."""
+        with self._reader() as s:
+            try:
+                yield s
+            finally:
+                s.rollback()
 
     def upgrade(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with Alembic (idempotent)."""
@@ -74,6 +90,11 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
+
+
+def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("a write in a read-only session (Database.read)")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ from scheduler.models import (
     ShardAssignment,
     Transfer,
 )
-from scheduler.service import finish_job, peer_key, record, requeue_job
+from scheduler.service import finish_job, forget_cluster_limits, peer_key, record, requeue_job
 
 LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
 
@@ -85,22 +85,30 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
 def _devices(s: Session, hb: Heartbeat) -> None:
     have = {d.index: d for d in s.scalars(select(Device).where(Device.node == hb.node))}
     seen = set()
+    changed = False
     for d in hb.devices:
         seen.add(d.index)
         row = have.get(d.index)
         if row is None:
             s.add(Device(node=hb.node, index=d.index, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes,
                          healthy=d.healthy))
+            changed = True
         else:
+            changed = changed or row.healthy != d.healthy
             row.kind, row.model, row.memory_bytes, row.healthy = d.kind, d.model, d.memory_bytes, d.healthy
     for idx, row in have.items():
         if idx not in seen:
             s.delete(row)
+            changed = True
+    if changed:
+        forget_cluster_limits()
 
 
 def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
     assert hb.replicas is not None
-    manifest = {(sh.dataset, sh.index): sh for sh in s.scalars(select(Shard))}
+    names = sorted({rep.dataset for rep in hb.replicas})
+    manifest = {(d, i): (sha, size) for d, i, sha, size in s.execute(
+        select(Shard.dataset, Shard.index, Shard.sha256, Shard.bytes).where(Shard.dataset.in_(names)))} if names else {}
     rows = {(r.dataset, r.shard): r for r in s.scalars(select(Replica).where(Replica.node == hb.node))}
     reported = set()
     for rep in hb.replicas:
@@ -109,7 +117,7 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
         if sh is None:
             continue  # a file the cluster does not know; left alone
         reported.add(key)
-        state = "healthy" if rep.sha256 == sh.sha256 and rep.bytes == sh.bytes else "corrupt"
+        state = "healthy" if rep.sha256 == sh[0] and rep.bytes == sh[1] else "corrupt"
         row = rows.get(key)
         if row is None:
             row = Replica(dataset=rep.dataset, shard=rep.shard, node=hb.node, state=state, updated_at=now)
@@ -117,7 +125,7 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
         elif row.state != state:
             if state == "corrupt":
                 record(s, now, f"agent:{hb.node}", "replica.corrupt", f"{rep.dataset}/{rep.shard} on {hb.node}: "
-                       f"sha256 {rep.sha256[:12]} != {sh.sha256[:12]}", node=hb.node)
+                       f"sha256 {rep.sha256[:12]} != {sh[0][:12]}", node=hb.node)
             row.state, row.updated_at = state, now
     for key, row in rows.items():
         if key not in reported and row.state != "staging":
@@ -303,11 +311,52 @@ def _exit_words(r: Rank) -> str:
     return words
 
 
+class _NodeBook:
+    """Addresses and states of the nodes a reply names, loaded by name as needed (one small query per
+    batch of names), so a heartbeat never reads the whole node table."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+        self.rows: dict[str, tuple[str, str]] = {}
+
+    def load(self, names: set[str]) -> None:
+        missing = {n for n in names if n and n not in self.rows}
+        if missing:
+            for name, address, state in self.s.execute(
+                    select(Node.name, Node.address, Node.state).where(Node.name.in_(sorted(missing)))):
+                self.rows[name] = (address, state)
+            for n in missing:
+                self.rows.setdefault(n, ("", "unknown"))
+
+    def address(self, name: str) -> str:
+        return self.rows.get(name, ("", ""))[0]
+
+    def up(self, name: str) -> bool:
+        return self.rows.get(name, ("", ""))[1] == "up"
+
+
+MIRROR_PEERS = 3
+
+
+def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
+    """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
+    first (a checkpoint should survive its rack), then in an order stable per node but different for
+    each, so mirrors spread over the cluster instead of all landing on one node."""
+    import hashlib
+
+    rack = s.scalar(select(Node.rack).where(Node.name == node_name))
+    rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == "up", Node.name != node_name)).all()
+
+    def key(row: Any) -> tuple[bool, bytes]:
+        return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
+
+    return [{"name": n, "address": a} for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
+
+
 def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, Any]:
     assignments = []
     live = list(s.scalars(select(Rank).where(Rank.node == node_name, Rank.state.in_(LIVE_RANK))))
-    addresses = {n.name: n.address for n in s.scalars(select(Node))}
-    up_nodes = {n.name for n in s.scalars(select(Node).where(Node.state == "up"))}
+    book = _NodeBook(s)
     for r in live:
         job = s.get(Job, r.job_id)
         if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
@@ -320,46 +369,54 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
                                .order_by(ShardAssignment.shard)))
         dataset = s.get(Dataset, job.spec["data"]["dataset"])
         shas = {sh.index: sh for sh in s.scalars(select(Shard).where(Shard.dataset == dataset.name))} if dataset else {}
-        healthy: dict[int, list[str]] = {}
-        if dataset is not None:
-            for rep in s.scalars(select(Replica).where(Replica.dataset == dataset.name, Replica.state == "healthy")):
-                if rep.node in up_nodes:
-                    healthy.setdefault(rep.shard, []).append(rep.node)
+        wanted = {a.shard for a in reads}
+        holders: dict[int, list[str]] = {}
+        if dataset is not None and wanted:
+            for shard, node in s.execute(select(Replica.shard, Replica.node).where(
+                    Replica.dataset == dataset.name, Replica.state == "healthy", Replica.shard.in_(sorted(wanted)))):
+                holders.setdefault(shard, []).append(node)
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
+        book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
+                  | {n for ns in holders.values() for n in ns} | set(ckpt.nodes if ckpt else ()))
         assignments.append({
             "job_id": job.id, "attempt": job.attempt, "rank": r.rank, "local_rank": r.local_rank,
             "world_size": len(ranks), "local_world_size": sum(1 for x in ranks if x.node == node_name),
             "devices": r.devices,
-            "master_addr": addresses.get(rank0.node, "").rsplit(":", 1)[0] if rank0 else "",
+            "master_addr": book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
             "master_port": job.master_port,
             "train": job.spec.get("train", {}),
             "num_classes": dataset.classes if dataset else 10,
             "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas[a.shard].sha256 if a.shard in shas else "",
-                        "bytes": a.bytes, "source": a.source, "source_address": addresses.get(a.source, ""),
-                        "alternates": [addresses.get(n, "") for n in healthy.get(a.shard, []) if n != a.source]}
+                        "bytes": a.bytes, "source": a.source, "source_address": book.address(a.source),
+                        "alternates": [book.address(n) for n in sorted(holders.get(a.shard, []))
+                                       if n != a.source and book.up(n)]}
                        for a in reads],
             "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
-                        "addresses": [addresses.get(n, "") for n in ckpt.nodes]} if ckpt else None),
+                        "addresses": [book.address(n) for n in ckpt.nodes]} if ckpt else None),
         })
     for r in s.scalars(select(Rank).where(Rank.node == node_name, Rank.state == st.R_KILLING)):
         item = {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank}
         if item not in kill:
             kill.append(item)
     transfers = []
-    for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state.in_(("pending", "running")))):
+    pending = list(s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state.in_(("pending", "running")))))
+    book.load({t.src for t in pending})
+    for t in pending:
         sh = s.get(Shard, (t.dataset, t.shard))
         if sh is None:
             continue
         t.state = "running"
         transfers.append({"id": t.id, "dataset": t.dataset, "shard": t.shard, "sha256": sh.sha256, "bytes": sh.bytes,
-                          "source": t.src, "source_address": addresses.get(t.src, "")})
+                          "source": t.src, "source_address": book.address(t.src)})
     deletes = []
     for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state == "delete")):
         t.state = "done"
         deletes.append({"dataset": t.dataset, "shard": t.shard})
-    peers = [{"name": n.name, "address": n.address} for n in s.scalars(select(Node).where(Node.state == "up"))]
-    return {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
-            "peer_key": peer_key(s), "peers": peers}
+    reply: dict[str, Any] = {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
+                             "peer_key": peer_key(s)}
+    if assignments:
+        reply["peers"] = _peers(s, node_name)  # only a node running ranks has checkpoints to mirror
+    return reply
 
 
 def _close_staging(s: Session, now: float, job: Job) -> None:
