@@ -21,6 +21,8 @@ from scheduler.db import Database
 
 log = logging.getLogger("gsched.server")
 
+POKE_DELAY_S = 0.2
+
 
 @dataclass
 class ServerContext:
@@ -31,19 +33,32 @@ class ServerContext:
     server_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
     _leader: bool = False
+    _poked_for: float | None = None  # monotonic time of the cycle a poke asked for
 
     def is_leader(self) -> bool:
         return self._leader
 
     def poke(self) -> None:
-        """Ask for a cycle soon (after a submit or freed devices); coalesced with the timer."""
+        """Ask for a cycle soon (after a submit or freed devices); coalesced with the timer.
+
+        A poke only ever brings the next cycle earlier: a stream of submits must not keep pushing
+        it back, and while one poke's cycle is due no other poke touches the timer."""
         sched = self.scheduler
         if sched is None:
             return
+        import time
         from datetime import datetime, timedelta
 
+        now = time.monotonic()
+        if self._poked_for is not None and now < self._poked_for:
+            return  # an earlier poke's cycle is still to come
         try:
-            sched.modify_job("cycle", next_run_time=datetime.now() + timedelta(milliseconds=200))
+            job = sched.get_job("cycle")
+            target = datetime.now().astimezone() + timedelta(seconds=POKE_DELAY_S)
+            if job is not None and job.next_run_time is not None and job.next_run_time <= target:
+                return
+            sched.modify_job("cycle", next_run_time=target)
+            self._poked_for = now + POKE_DELAY_S
         except Exception:  # the job may be running right now; the next tick picks the change up
             pass
 
