@@ -275,7 +275,11 @@ def requeue_job(s: Session, now: float, job: Job, reason: str) -> None:
     max_restarts = int(job.spec.get("limits", {}).get("max_restarts", 3))
     stop_ranks(s, job)
     if job.restarts >= max_restarts:
-        finish_job(s, now, job, st.FAILED, f"{reason}; gave up after {job.restarts} restarts (max_restarts={max_restarts})")
+        earlier = [e.message for e in s.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "job.requeue")
+                                                .order_by(Event.id))]
+        history = "".join(f"\n  earlier: {m}" for m in earlier)
+        finish_job(s, now, job, st.FAILED,
+                   f"{reason}; gave up after {job.restarts} restarts (max_restarts={max_restarts}){history}")
         return
     st.transition(job, st.PENDING, f"requeued: {reason}")
     job.restarts += 1

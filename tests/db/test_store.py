@@ -180,6 +180,41 @@ def test_a_silent_node_is_marked_down_and_its_job_requeued(db: Database) -> None
         assert s.scalar(select(Replica).where(Replica.node == "n2")).node == "n2"  # data records kept
 
 
+def test_past_max_restarts_a_job_fails_with_its_history(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock, nodes=("n1", "n2", "n3"))
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, {**SPEC, "limits": {"time": "1h", "max_restarts": 1}}, None)
+    for attempt in (1, 2):
+        run_cycle(db, settings(), clock.advance(1))
+        with db.session() as s:
+            nodes = sorted(r.node for r in s.scalars(select(Rank).where(Rank.job_id == job_id, Rank.attempt == attempt)))
+        assert len(nodes) == 2, nodes
+        victim = nodes[1]
+        clock.advance(5)
+        for n in ("n1", "n2", "n3"):  # every node but the victim keeps reporting
+            if n != victim:
+                with db.session() as s:
+                    process_heartbeat(s, clock.now(), Identity("agent", n), heartbeat(n))
+        run_cycle(db, settings(), clock.advance(6))  # the victim is past the 10 s TTL
+        with db.session() as s:
+            job = s.get(Job, job_id)
+            if attempt == 1:
+                assert job.state == "PENDING" and job.restarts == 1
+                for n in ("n1", "n2", "n3"):  # the victim comes back; the stopped rank is reported gone
+                    process_heartbeat(s, clock.now(), Identity("agent", n), heartbeat(n))
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "FAILED" and job.restarts == 1
+        assert "gave up after 1 restarts (max_restarts=1)" in job.reason
+        first, second = [e.message for e in s.scalars(
+            select(svc.Event).where(svc.Event.job_id == job_id, svc.Event.kind.in_(("job.requeue", "job.failed")))
+            .order_by(svc.Event.id))]
+        assert "(restart 1)" in first and "earlier: " + first in second  # the failure carries the history
+        assert {r.state for r in s.scalars(select(Rank).where(Rank.job_id == job_id, Rank.attempt == 2))} <= {
+            "KILLING", "KILLED"}
+
+
 def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:
     assert try_lead(db, "a", now=0.0, ttl_s=5) is True
     assert try_lead(db, "b", now=1.0, ttl_s=5) is False
