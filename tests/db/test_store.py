@@ -215,6 +215,25 @@ def test_past_max_restarts_a_job_fails_with_its_history(db: Database) -> None:
             "KILLING", "KILLED"}
 
 
+def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    run_cycle(db, settings(), clock.advance(1))
+    with db.session() as s:
+        r = s.scalar(select(Rank).where(Rank.job_id == job_id, Rank.rank == 1))
+        node = r.node
+    why = "staging failed: shard d/1: every replica failed; last: d/1 from 127.0.0.1:9002: sha256 mismatch"
+    with db.session() as s:
+        process_heartbeat(s, clock.advance(1), Identity("agent", node), heartbeat(node, ranks=[
+            {"job_id": job_id, "attempt": 1, "rank": 1, "state": "EXITED", "exit_code": 3, "error": why}]))
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "FAILED"
+        assert job.reason.startswith(f"rank 1 on {node} exited with code 3") and why in job.reason
+
+
 def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:
     assert try_lead(db, "a", now=0.0, ttl_s=5) is True
     assert try_lead(db, "b", now=1.0, ttl_s=5) is False

@@ -1,0 +1,93 @@
+"""Staging falls back to another replica, and fails with a reason naming the shard when none is good.
+
+Real ``DataServer``s on loopback serve the copies; the rank runner's staging step runs as the agent
+runs it (``RankRunner.run``), with a stand-in for the agent object that only records what staging
+tells it.  No rank process is started: every case here ends before launch or fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.dataserver import DataServer
+from agents.launcher import RankRunner
+from agents.shardfile import MAGIC
+
+KEY = "k" * 64
+GOOD = MAGIC + b"the real shard bytes" * 100
+BAD = MAGIC + b"the real shard bytez" * 100  # one byte flipped per repeat: same size, other sha256
+SHA = hashlib.sha256(GOOD).hexdigest()
+
+
+class StandInAgent:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.peer_key = KEY
+        self.noted: list[tuple[str, int, str]] = []
+
+    def local_sha(self, dataset: str, shard: int, path: Path) -> str | None:
+        return None  # nothing on this node yet
+
+    def note_shard(self, dataset: str, shard: int, path: Path, sha256: str) -> None:
+        self.noted.append((dataset, shard, sha256))
+
+    def show_progress(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def peers(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Two peers: ``bad`` holds a corrupt copy of tiny/0, ``good`` the real one; ``dead`` is a closed port."""
+    servers = []
+    addresses = {}
+    for name, content in (("bad", BAD), ("good", GOOD)):
+        d = tmp_path / name
+        (d / "tiny").mkdir(parents=True)
+        (d / "tiny" / "00000.shard").write_bytes(content)
+        srv = DataServer("127.0.0.1", 0, d, name, lambda: KEY, lambda *a: None)
+        srv.start()
+        servers.append(srv)
+        addresses[name] = f"127.0.0.1:{srv.port}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        addresses["dead"] = f"127.0.0.1:{s.getsockname()[1]}"  # closed once the block ends
+    yield addresses
+    for srv in servers:
+        srv.stop()
+
+
+def runner(tmp_path: Path, source: str, alternates: list[str]) -> tuple[RankRunner, StandInAgent]:
+    agent = StandInAgent(tmp_path / "node")
+    assignment = {"job_id": 7, "attempt": 1, "rank": 0, "shards": [
+        {"dataset": "tiny", "index": 0, "sha256": SHA, "bytes": len(GOOD), "source": "x",
+         "source_address": source, "alternates": alternates}]}
+    return RankRunner(agent, assignment), agent
+
+
+def test_a_corrupt_source_is_rejected_and_the_shard_comes_from_another_replica(peers, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    r, agent = runner(tmp_path, peers["bad"], [peers["dead"], peers["good"]])
+    with caplog.at_level(logging.WARNING):
+        paths = r._stage()
+    assert Path(paths[0]).read_bytes() == GOOD  # verified before it counted
+    assert agent.noted == [("tiny", 0, SHA)]
+    assert r.staged == len(GOOD) and r.staging_total == len(GOOD)
+    warnings = [m for m in caplog.messages if "trying another replica" in m]
+    assert len(warnings) == 2 and "sha256 mismatch" in warnings[0] and peers["dead"] in warnings[1]
+    assert not list(Path(paths[0]).parent.glob("*.fetch*"))  # no partial files left behind
+
+
+def test_when_every_replica_fails_the_rank_exits_with_a_reason_naming_the_shard(peers, tmp_path):  # type: ignore[no-untyped-def]
+    r, agent = runner(tmp_path, peers["dead"], [peers["bad"]])
+    r.run()  # as the agent's thread would: staging fails, nothing is launched
+    assert r.state == "EXITED" and r.exit_code == 3 and r.proc is None
+    assert r.error.startswith("staging failed: shard tiny/0: every replica failed; last: ")
+    assert "sha256 mismatch" in r.error
+    assert agent.noted == []
+    assert not (tmp_path / "node" / "tiny" / "00000.shard").exists()
