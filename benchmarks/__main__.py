@@ -28,7 +28,26 @@ def write_results(report: Report, path: Path, argv: list[str], wall_s: float) ->
              "Section docstrings in `benchmarks/*.py` describe each set-up.", "", "## Figures", ""]
     lines += [f"- {f.line()}" for f in report.figures]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
-    path.write_text("\n".join(lines))
+    kept = _hand_written_sections(path)
+    path.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
+
+
+GENERATED = ("## Figures", "## Notes")
+
+
+def _hand_written_sections(path: Path) -> str:
+    """The ``## `` sections of an existing results file that a run does not generate (device figures,
+    caveats, separately run sections): a new run keeps them after its own."""
+    if not path.is_file():
+        return ""
+    kept: list[str] = []
+    keep = False
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            keep = line.strip() not in GENERATED
+        if keep:
+            kept.append(line)
+    return "\n".join(kept).strip() + "\n" if kept else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ the logs it read, and prints both files.  ``$OUT`` defaults to ``./device-out``.
    followed to its end.  The job's document gives the per-epoch metrics; the backend actually used is
    read from the rank's log: the cluster runs with ``TORCH_DISTRIBUTED_DEBUG=INFO`` and
    ``TORCH_CPP_LOG_LEVEL=INFO`` so DDP logs ``backend_name: nccl|gloo``, and ``NCCL_DEBUG=INFO`` so NCCL
-   prints its version (the workload itself does not report its backend).
+   prints its version; the workload's epoch metrics also carry ``backend`` and ``device``.
 
 Expected on one H200 with 16 cores: about 4 minutes in all (not yet measured).
 
@@ -255,7 +255,7 @@ def metric_records(metrics_path: Path, kind: str = "epoch") -> list[dict[str, An
 
 
 EPOCH_KEYS = ("epoch", "images_per_s", "data_wait_fraction", "step_time_s", "steps", "epoch_time_s", "loss",
-              "accuracy", "world_size")
+              "accuracy", "world_size", "backend", "device", "bf16", "channels_last")
 
 
 def slim(rec: dict[str, Any]) -> dict[str, Any]:
@@ -456,9 +456,16 @@ class Check:
             text = self._rank_log(cluster, job_id, node.name)
             (self.out / "cluster-rank0.log").write_text(text)
             found = re.findall(r"backend_name:\s*(\w+)", text)
-            res["backend"] = found[-1] if found else None
-            res["backend_evidence"] = (f'"backend_name: {found[-1]}" in the rank log' if found
-                                       else "no backend_name line in the rank log")
+            reported = [m.get("backend") for m in job.get("metrics", []) if m.get("backend")]
+            if reported:  # the workload's own epoch metrics say which backend and device it ran on
+                res["backend"] = reported[-1]
+                res["backend_evidence"] = (f"the epoch metrics (backend {reported[-1]}, device "
+                                           f"{job['metrics'][-1].get('device')})"
+                                           + (f'; "backend_name: {found[-1]}" in the rank log' if found else ""))
+            else:
+                res["backend"] = found[-1] if found else None
+                res["backend_evidence"] = (f'"backend_name: {found[-1]}" in the rank log' if found
+                                           else "no backend_name line in the rank log")
             nccl = re.search(r"NCCL version (\S+)", text)
             res["nccl_version_in_log"] = nccl.group(1) if nccl else None
             visible = re.findall(r"cuda_visible_devices:[ \t]*([^\n]*)", text)

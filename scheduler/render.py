@@ -394,6 +394,11 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
                       f"{m.get('images_per_s') or 0:.0f}", f"{100 * (m.get('data_wait_fraction') or 0):.0f}%",
                       f"{1000 * (m.get('step_time_s') or 0):.0f} ms")
         c.print(Text(""), t)
+        last_m = doc["metrics"][-1]
+        if last_m.get("backend"):
+            c.print(Text(f"ran with {last_m['backend']} on {last_m.get('device', '?')}: bf16 "
+                         f"{'on' if last_m.get('bf16') else 'off'}, channels-last "
+                         f"{'on' if last_m.get('channels_last') else 'off'}", style="dim"))
     if doc.get("checkpoints"):
         cks = doc["checkpoints"]
         last = cks[-1]

@@ -81,7 +81,8 @@ Metrics (rank 0 appends one JSON object per line to ``metrics_path``)::
      "accuracy" (held-out, all ranks; null when not evaluated this epoch), "eval_samples",
      "images_per_s" (all ranks), "images_per_s_rank" (mean per rank), "data_wait_fraction"
      (mean over ranks of time blocked on input / epoch time), "data_wait_s", "step_time_s"
-     (mean per optimizer step), "steps", "lr" (after the epoch), "epoch_time_s", "world_size", "time"}
+     (mean per optimizer step), "steps", "lr" (after the epoch), "epoch_time_s", "world_size",
+     "backend" ("nccl" | "gloo"), "device" ("cuda" | "cpu"), "bf16", "channels_last", "time"}
     {"type": "checkpoint", "job_id", "epoch", "path", "bytes", "time"}
     {"type": "done", "job_id", "epoch", "stopped", "time"}   # training finished or stopped (SIGTERM)
 
@@ -765,6 +766,11 @@ def train(
             "lr": optimizer.param_groups[0]["lr"],
             "epoch_time_s": epoch_s_max,
             "world_size": world_size,
+            # How the rank ran, so a job's metrics say which path (NCCL/CUDA or gloo/CPU) produced them.
+            "backend": dist.get_backend(),
+            "device": rt.device.type,
+            "bf16": rt.amp,
+            "channels_last": rt.channels_last,
         }
         history.append(record)
         metrics.write("epoch", **record)

@@ -235,7 +235,7 @@ def detail_doc() -> dict[str, Any]:
         metrics=[{"epoch": 1, "loss": 1.2345, "accuracy": None, "images_per_s": 410.2, "data_wait_fraction": 0.05,
                   "step_time_s": 0.078},
                  {"epoch": 2, "loss": 0.8, "accuracy": 0.71, "images_per_s": 420, "data_wait_fraction": 0.04,
-                  "step_time_s": 0.076}],
+                  "step_time_s": 0.076, "backend": "nccl", "device": "cuda", "bf16": True, "channels_last": True}],
         checkpoints=[{"epoch": 1, "path": "p1", "nodes": ["n1"], "bytes": 45 * MB},
                      {"epoch": 2, "path": "p2", "nodes": ["n1", "n2"], "bytes": 45 * MB}],
         history=[{"attempt": 1, "rank": 0, "node": "n3", "devices": [0], "state": "KILLED", "exit_code": None},
@@ -250,7 +250,8 @@ def test_show_has_every_section(utc: None) -> None:
     out = screen_of(lambda c: job_detail(detail_doc(), c, now=T), 100)
     for needle in ("job 7", "RUNNING", "2 ranks x 1 device on data set digits", "2/5 done, ETA 7m30s",
                    "restarts   1 (attempt 2)", "75% of bytes read locally", "shard map", "0, 1", "3 (n3)",
-                   "1.0 GB/1.0 GB", "epochs", "1.2345", "71.0%", "checkpoints  epochs 1, 2; latest (epoch 2) 45.0 MB "
+                   "1.0 GB/1.0 GB", "epochs", "1.2345", "71.0%",
+                   "ran with nccl on cuda: bf16 on, channels-last on", "checkpoints  epochs 1, 2; latest (epoch 2) 45.0 MB "
                    "on n1, n2", "attempts", "KILLED", "events", "job.requeue", "node n3 is down"):
         assert needle in out, needle
 
