@@ -234,6 +234,31 @@ def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Da
         assert job.reason.startswith(f"rank 1 on {node} exited with code 3") and why in job.reason
 
 
+def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Database) -> None:
+    from scheduler.cycle import thin_history
+    from scheduler.models import ClusterSample
+
+    day = 86_400.0
+    now = 200 * day
+    times = ([now - 100 * day + k * 60 for k in range(30)]  # past the 90 days: all go
+             + [now - 3 * day + k * 2 for k in range(900)]  # 30 min at one sample per 2 s, 3 days ago
+             + [now - 3600 + k * 2 for k in range(900)])  # the last 30 min: kept whole
+    with db.session() as s:
+        for t in times:
+            s.add(ClusterSample(time=t, devices_total=8, devices_busy=4, pending=1, running=1, durations={}))
+    with db.session() as s:
+        gone = thin_history(s, now)
+    with db.session() as s:
+        kept = sorted(s.scalars(select(ClusterSample.time)))
+    recent = [t for t in kept if t >= now - day]
+    old = [t for t in kept if t < now - day]
+    assert len(recent) == 900
+    assert all(t >= now - 90 * day for t in kept)
+    # 30 minutes of old samples fall in 6 or 7 five-minute buckets (rounding or truncation): one each.
+    assert 6 <= len(old) <= 7 and len({int(t // 300) for t in old}) >= 6
+    assert gone == len(times) - len(kept)
+
+
 def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:
     assert try_lead(db, "a", now=0.0, ttl_s=5) is True
     assert try_lead(db, "b", now=1.0, ttl_s=5) is False
