@@ -143,7 +143,7 @@ class Agent:
         log.info("staging job %s rank %s [%s%s] %s/%s MB %.1f MB/s ETA %.0fs", key[0], key[2], "#" * filled,
                  "." * (width - filled), f"{done / 1e6:.1f}", f"{total / 1e6:.1f}", rate / 1e6, eta)
 
-    def mirror_checkpoint(self, job_id: int, path: Path) -> list[str]:
+    def mirror_checkpoint(self, job_id: int, path: Path, keep: int = 0) -> list[str]:
         """Copy a fresh checkpoint to one other up node (the server's order: another rack first) before
         the server records it."""
         if not path.is_file() or not self.peer_key:
@@ -159,7 +159,8 @@ class Agent:
                     req = urllib.request.Request(
                         f"http://{address}/checkpoints/{job_id}/{name}", data=f, method="PUT",
                         headers={"X-Gsched-Ticket": ticket(self.peer_key, "ckpt", job_id, name, ts),
-                                 "X-Gsched-Time": str(ts), "Content-Length": str(path.stat().st_size)})
+                                 "X-Gsched-Time": str(ts), "Content-Length": str(path.stat().st_size),
+                                 "X-Gsched-Keep": str(max(0, int(keep)))})
                     with urllib.request.urlopen(req, timeout=60):
                         pass
                 return [node]

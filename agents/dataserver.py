@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agents.shardfile import MAGIC, inside, shard_path, valid_name
+from agents.shardfile import MAGIC, inside, prune_checkpoints, shard_path, valid_name
 from scheduler.auth import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
@@ -183,6 +183,9 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             os.replace(tmp, path)
             if kind == "shards":
                 srv.on_shard(rest[0], int(rest[1]), path, digest.hexdigest())
+            else:  # a mirrored checkpoint: keep as many as the job keeps on its rank 0's node
+                keep = self.headers.get("X-Gsched-Keep", "0")
+                prune_checkpoints(path.parent, int(keep) if _number(keep) else 0)
             self._send(201, "stored")
 
     return Handler

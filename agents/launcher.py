@@ -152,7 +152,8 @@ class RankRunner(threading.Thread):
         return out
 
     def _mirror(self, line: dict[str, Any]) -> None:
-        line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))))
+        keep = int((self.a.get("train") or {}).get("keep_checkpoints", 0) or 0)
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))), keep)
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:

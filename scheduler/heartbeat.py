@@ -229,6 +229,9 @@ def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
             s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
                              bytes=int(line.get("bytes", 0) or 0), created_at=now))
+            keep = int(job.spec.get("train", {}).get("keep_checkpoints", 0) or 0)
+            if keep > 0:  # the agents deleted the older files; their rows go too
+                s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
         elif kind == "progress":
             job.progress = {**(job.progress or {}), "train": {k: line.get(k) for k in ("epoch", "step", "steps")}}
         touched.add(job.id)

@@ -64,6 +64,7 @@ class Train(_Strict):
     warmup_epochs: int = Field(0, ge=0, le=1000)
     loader_workers: int = Field(0, ge=0, le=64)
     eval_every: int = Field(1, ge=0, le=10000)
+    keep_checkpoints: int = Field(3, ge=0, le=10000)  # newest per-epoch checkpoints kept per copy; 0 keeps all
     seed: int = Field(0, ge=0, le=2**31 - 1)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -77,6 +78,13 @@ class Train(_Strict):
     def _padding(cls, v: int | str) -> int | str:
         if isinstance(v, int) and not 0 <= v <= 64:
             raise ValueError("must be between 0 and 64, or 'auto'")
+        return v
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _keep(cls, v: int) -> int:
+        if v == 1:  # the newest is still being mirrored when the next one is written
+            raise ValueError("must be 0 (keep every one) or at least 2")
         return v
 
     @field_validator("lr", "momentum", "weight_decay", mode="before")

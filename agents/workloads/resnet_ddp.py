@@ -87,7 +87,8 @@ Metrics (rank 0 appends one JSON object per line to ``metrics_path``)::
     {"type": "done", "job_id", "epoch", "stopped", "time"}   # training finished or stopped (SIGTERM)
 
 Checkpoints: after each epoch, every rank sends its RNG states (python, numpy, torch, CUDA) to all;
-rank 0 writes ``checkpoint_dir/epoch-NNNN.pt`` (tmp file, fsync, rename) holding ``format``, ``epoch``,
+rank 0 writes ``checkpoint_dir/epoch-NNNN.pt`` (tmp file, fsync, rename; then only the newest
+``train.keep_checkpoints`` are kept, 0 keeping all) holding ``format``, ``epoch``,
 ``model``, ``optimizer``, ``scheduler``, ``sampler`` ({"epoch", "batch": 0}), ``steps_per_epoch``,
 ``world_size``, ``rng`` (one entry per rank) and ``history`` (the epoch records so far).  Resuming
 restores all of them (RNG only when the world size is unchanged; if the placement changes the steps per
@@ -121,7 +122,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from agents.shardfile import MAGIC, iter_shard
+from agents.shardfile import MAGIC, iter_shard, prune_checkpoints
 
 REFERENCE_BATCH = 256
 HOLDOUT_EVERY = 10
@@ -153,6 +154,7 @@ class TrainConfig:
     weight_decay: float = 5e-4
     hflip: bool | str = "auto"
     crop_padding: int | str = "auto"
+    keep_checkpoints: int = 0  # 0 keeps every epoch's checkpoint
 
 
 @dataclass
@@ -232,6 +234,7 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
         '"auto" or an integer >= 0',
     )
     need(is_int(cfg.eval_every) and cfg.eval_every >= 0, "eval_every", "an integer >= 0")
+    need(is_int(cfg.keep_checkpoints) and cfg.keep_checkpoints >= 0, "keep_checkpoints", "an integer >= 0")
     need(is_int(cfg.seed), "seed", "an integer")
     need(cfg.channels_last in ("auto", True, False), "channels_last", '"auto", true or false')
     need(cfg.hflip in ("auto", True, False), "hflip", '"auto", true or false')
@@ -820,6 +823,7 @@ def _save_checkpoint(
             path,
         )
         metrics.write("checkpoint", epoch=epoch, path=str(path), bytes=size)
+        prune_checkpoints(spec.checkpoint_dir, spec.train.keep_checkpoints)
     dist.barrier()
 
 

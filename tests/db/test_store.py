@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, text
 
 from scheduler import service as svc
-from scheduler.api_models import Heartbeat
+from scheduler.api_models import Heartbeat, MetricIn
 from scheduler.auth import Identity
 from scheduler.clock import FakeClock
 from scheduler.config import Settings
@@ -257,6 +257,27 @@ def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Databas
     # 30 minutes of old samples fall in 6 or 7 five-minute buckets (rounding or truncation): one each.
     assert 6 <= len(old) <= 7 and len({int(t // 300) for t in old}) >= 6
     assert gone == len(times) - len(kept)
+
+
+def test_the_server_lists_only_the_checkpoints_the_job_keeps(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, {**SPEC, "train": {"epochs": 5, "keep_checkpoints": 2}}, None)
+    run_cycle(db, settings(), clock.advance(1))
+    with db.session() as s:
+        node = s.scalar(select(Rank).where(Rank.job_id == job_id, Rank.rank == 0)).node
+    running = {"job_id": job_id, "attempt": 1, "rank": 0, "state": "RUNNING"}
+    for epoch in range(1, 5):
+        hb = heartbeat(node, ranks=[running]).model_copy(update={"metrics": [
+            MetricIn(job_id=job_id, attempt=1, line={"type": "checkpoint", "epoch": epoch, "path": f"/c/epoch-{epoch}.pt",
+                                                     "bytes": 10, "mirrors": ["n3"]})]})
+        with db.session() as s:
+            process_heartbeat(s, clock.advance(1), Identity("agent", node), hb)
+        with db.session() as s:
+            kept = svc.job_detail(s, s.get(Job, job_id))["checkpoints"]
+        assert [c["epoch"] for c in kept] == list(range(max(1, epoch - 1), epoch + 1))
+    assert kept[-1]["nodes"] == [node, "n3"]
 
 
 def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:

@@ -40,11 +40,20 @@ def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout_with_its_checkpoi
     # The epochs it finished were checkpointed (and mirrored) before the limit struck: a resubmit could resume.
     assert doc["checkpoints"] and all(len(ck["nodes"]) >= 2 for ck in doc["checkpoints"])
     # An epoch's metrics line goes out before its checkpoint is written and mirrored, so the limit can
-    # strike between the two: the last finished epoch may lack a checkpoint, no earlier one may.
+    # strike between the two: the last finished epoch may lack a checkpoint.  The job keeps the newest
+    # 3 (keep_checkpoints' default), on disk as in the listing.
     epochs = [m["epoch"] for m in doc["metrics"]]
     ckpt_epochs = [ck["epoch"] for ck in doc["checkpoints"]]
-    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) < 1000
-    assert ckpt_epochs == epochs[: len(ckpt_epochs)] and len(epochs) - len(ckpt_epochs) <= 1
+    assert epochs == list(range(1, len(epochs) + 1)) and 4 <= len(epochs) < 1000
+    last = epochs[-1] if ckpt_epochs[-1] == epochs[-1] else epochs[-1] - 1
+    assert ckpt_epochs == [last - 2, last - 1, last]
+    def on_disk(node: str) -> set[str]:
+        return {p.name for p in (c.data_dir(node) / ".gsched" / "jobs" / str(job_id) / "checkpoints").glob("epoch-*.pt")}
+
+    nodes = {n for ck in doc["checkpoints"] for n in ck["nodes"]}
+    assert all(len(on_disk(n)) <= 3 for n in nodes)  # older ones were deleted on rank 0's node and the mirror
+    # (rank 0 may already have pruned the oldest listed one for a newer checkpoint the limit kept unlisted)
+    assert all(any(f"epoch-{ck['epoch']:04d}.pt" in on_disk(n) for n in ck["nodes"]) for ck in doc["checkpoints"])
     # Every rank was stopped and its devices went back to the pool.
     c.wait_for(lambda: rank_processes(job_id) == [], 30, "the ranks to exit")
     c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
