@@ -1,19 +1,23 @@
-"""The default arbiter: fair-share order, cheapest fitting candidate, bounded locality wait, and one
+"""The default arbiter: fair-share order, the best fitting candidate, bounded locality wait, and one
 reservation with backfill so big gangs do not starve.
 
-For each pending job in fair-share order (:func:`scheduler.fairshare.queue_order`):
+For each pending job in fair-share order (:func:`scheduler.fairshare.queue_order`), ties broken by
+transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
+term adds in ``tie_window_s``, the ones that can read their data locally go first):
 
 1. A job that can never run, or whose data has no live copy, is skipped with that reason.
 2. Its candidates that fit the devices still free are kept (after a reservation exists, jobs that would
    still run at its start must also leave the reserved devices alone).  If none fits but enough
    devices are free, stage 1 is asked again over what is left (candidates of jobs placed earlier in
    the cycle may have taken this job's nodes).
-3. **Locality wait** (delay scheduling): if the cheapest fitting candidate costs more than
-   ``locality_threshold_ms``, the job has been pending less than ``locality_wait_s``, and a placement
-   within the threshold exists on the data's holders if they were idle, the job stays pending
+3. **Locality wait** (delay scheduling): if the best fitting candidate (by
+   :func:`scheduler.stage1.candidate_order`: the cheapest if any is within the threshold, else the
+   least contended) costs more than ``locality_threshold_ms``, the job has been pending less than
+   ``locality_wait_s``, and a placement within the threshold exists on the data's holders if they
+   were idle, the job stays pending
    ("waiting for locality until T").  From ``pending_since_s + locality_wait_s`` on it takes the
    costlier candidate.  Waiting holds nothing, so others may use those devices meanwhile.
-4. Otherwise it binds the cheapest fitting candidate (whole gang, devices taken from the ledger).
+4. Otherwise it binds the best fitting candidate (whole gang, devices taken from the ledger).
 5. **Reservation**: the first (highest-priority) job that fits nowhere gets a reservation: the
    earliest time ``T`` at which, as running jobs (and jobs bound this cycle) end by their time limits,
    stage 1 finds a placement for it, and that placement's devices.  Later jobs may backfill if they end
@@ -34,7 +38,7 @@ from scheduler.snapshot import JobView, Snapshot
 from scheduler.stage1 import (
     Stage1Index,
     build_index,
-    candidate_key,
+    candidate_order,
     dataset_of,
     infeasible_reason,
     missing_data_reason,
@@ -105,6 +109,46 @@ def locality_possible(job: JobView, snap: Snapshot, cfg: PolicyConfig, index: St
     return bool(cands) and cands[0].transfer_cost_ms <= cfg.locality_threshold_ms
 
 
+def break_ties_by_cost(
+    ordered: Sequence[JobView],
+    prios: Mapping[int, float],
+    candidates: Mapping[int, Sequence[Candidate]],
+    cfg: PolicyConfig,
+) -> list[JobView]:
+    """The queue order with ties broken by transfer cost: cheapest first among equal priorities.
+
+    Jobs tie when their priorities differ by at most ``tol = age_weight * tie_window_s / age_max_s``
+    (what the age term adds in ``tie_window_s``): the priority order is cut into groups, each starting
+    at the first job not yet grouped and holding the jobs within ``tol`` below it.  Inside a group the
+    jobs without any stage-1 candidate (nothing fits them now: a gang that may need the reservation)
+    go first, then the others by the cheapest transfer cost among their candidates; equal keys keep
+    the priority order.  So a job can only be passed by jobs at most ``tol`` below it: the same
+    user's jobs that became pending at most ``tie_window_s`` after it, or jobs of users whose
+    fair-share factor is equal to within ``tol / fairshare_weight``.  Nobody starves, and the devices
+    each user gets in a cycle do not change, only which of their near-simultaneous jobs gets them.
+    """
+    if cfg.tie_window_s <= 0 or cfg.age_max_s <= 0 or len(ordered) < 2:
+        return list(ordered)
+    tol = cfg.age_weight * cfg.tie_window_s / cfg.age_max_s
+
+    def cost(job: JobView) -> float:
+        return min((c.transfer_cost_ms for c in candidates.get(job.id, ())), default=-1)
+
+    out: list[JobView] = []
+    i = 0
+    while i < len(ordered):
+        floor = prios[ordered[i].id] - tol
+        j = i + 1
+        while j < len(ordered) and prios[ordered[j].id] >= floor:
+            j += 1
+        group = list(ordered[i:j])
+        if len(group) > 1:
+            group.sort(key=cost)  # stable: priority order among equal costs
+        out.extend(group)
+        i = j
+    return out
+
+
 class TwoStageArbiter:
     """The default arbiter (see the module docstring)."""
 
@@ -119,12 +163,14 @@ class TwoStageArbiter:
     ) -> Decision:
         index = index if index is not None else build_index(snap)
         ordered, prios, factors = queue_order(snap, cfg)
+        ordered = break_ties_by_cost(ordered, prios, candidates, cfg)
         d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)
         ledger = FreeLedger(index)
         bound_ends: list[tuple[float, dict[str, int]]] = []
         res: Reservation | None = None
         possible: dict[tuple[str | None, int, int], bool] = {}
         now = snap.now_s
+        order = candidate_order(index, cfg)
 
         for job in ordered:
             why = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
@@ -174,7 +220,7 @@ class TwoStageArbiter:
                 d.reasons[job.id] = reason
                 continue
 
-            best = min(fitting, key=candidate_key)
+            best = min(fitting, key=order)
             if best.transfer_cost_ms > cfg.locality_threshold_ms:
                 until = job.pending_since_s + cfg.locality_wait_s
                 if now < until:

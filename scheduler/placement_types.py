@@ -59,7 +59,8 @@ class Decision:
     ``bindings``: job id -> the chosen candidate (devices never over-committed, gangs whole).
     ``reasons``: job id -> a plain-words reason for every pending job left unbound.
     ``candidate_reasons``: (job id, candidate index) -> why that candidate was not taken.
-    ``order``: pending job ids by priority (highest first); ``factors``: job id -> fair-share factor.
+    ``order``: pending job ids in the order the arbiter took them (by priority, highest first;
+    ``twostage`` breaks near-ties by transfer cost); ``factors``: job id -> fair-share factor.
     ``reservation``: (job id, node -> devices, start_s) held for the top job that does not fit, if any.
     ``durations_s``: phase name -> seconds (filled by ``scheduler.decide.decide``).
     """

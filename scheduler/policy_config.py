@@ -19,7 +19,12 @@ class PolicyConfig:
     age_max_s: float = 7 * 24 * 3600.0  # age factor saturates at 1.0 after this long pending
     # Delay scheduling: wait up to locality_wait_s for a candidate costing at most
     # locality_threshold_ms before accepting a costlier one.
-    locality_wait_s: float = 30.0
+    # 10 s: in trace replays most waits that end local do so within 10-20 s; longer ones mostly
+    # expire (holders run long jobs) and only add queueing (benchmarks/RESULTS.md, quality).
+    locality_wait_s: float = 10.0
     locality_threshold_ms: int = 0
+    # twostage: jobs whose priorities differ by no more than the age term adds in tie_window_s are
+    # ties, broken by transfer cost (local first); 0 keeps the strict priority order.
+    tie_window_s: float = 600.0
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0

@@ -22,11 +22,22 @@ assigns every shard of the job's data set to exactly one rank:
   the shards are staged one after another over one link, which is what
   :func:`scheduler.costmodel.reads_cost_ms` recomputes.
 
-Placements tried ("variants"): data holders first (ranks where the data is), fewest nodes (largest
-free first; holders win ties), spread (one rank per node), the job's ``prefer_nodes`` first, and the
-data-holders placement again avoiding the first one's nodes (a disjoint fallback for the arbiter).
-Duplicates are dropped; the rest are sorted by (transfer_cost_ms, number of nodes, node names) and the
-first ``cfg.candidates_per_job`` returned.
+Placements tried ("variants"): data holders first (ranks where the data is; among holders of as
+many bytes, the least contended first), fewest nodes (largest free first; holders win ties), spread
+(one rank per node), the job's ``prefer_nodes`` first, the data-holders placement again avoiding the
+first one's nodes (a disjoint fallback for the arbiter), and calm (the least contended nodes: where a
+job that must stage anyway takes the least local room from others; a gang whole on one node if one
+has room).  Duplicates are dropped; the rest are sorted by :func:`candidate_order` and the first
+``cfg.candidates_per_job`` returned.
+
+Contention (:func:`node_contention`, once per snapshot in the index): a node holding every shard of a
+data set can run any one-rank job of it locally; if ``F_d`` devices are free on the nodes holding
+``d`` whole, one of them is ``1/F_d`` of ``d``'s free local room.  A node's contention sums that over
+the data sets it holds whole.  Candidate order: local enough (cost within
+``cfg.locality_threshold_ms``) first, by (cost, nodes, contention); then the rest by (contention,
+cost, nodes); ties by node names.  Replays of real traces showed jobs missing locality mostly because
+every holder of their data was busy while devices were free elsewhere; taking the least contended
+devices keeps local room where it is scarce (``benchmarks/RESULTS.md``, quality).
 
 :func:`infeasible_reason` says whether a job can never run on this cluster (whatever is busy).
 :func:`missing_data_reason` says whether its data cannot be read now (a shard with no live copy).
@@ -37,7 +48,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.costmodel import cost_ms_at
 from scheduler.placement_types import Candidate, ShardRead
@@ -71,6 +82,9 @@ class Stage1Index:
     device_hist: tuple[tuple[int, int], ...]  # (devices on a node, how many nodes)
     total_devices: int
     max_node_devices: int
+    # node -> contention of one of its free devices (see node_contention); empty: all 0
+    contention: Mapping[str, float] = field(default_factory=dict)
+    calm: tuple[str, ...] = ()  # nodes with free devices, by (contention, -free, name)
 
 
 def _by_rack(names: Iterable[str], racks: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
@@ -80,8 +94,38 @@ def _by_rack(names: Iterable[str], racks: Mapping[str, str]) -> dict[str, tuple[
     return {r: tuple(ns) for r, ns in out.items()}
 
 
-def index_dataset(snap: Snapshot, name: str) -> DatasetIndex:
-    """Where the live copies of data set ``name`` are (an empty index for an unknown data set)."""
+def node_contention(snap: Snapshot, free: Mapping[str, int]) -> dict[str, float]:
+    """How much local room for other data sets a free device of each node stands for.
+
+    A node holding every shard of a data set ``d`` can run any one-rank job of ``d`` with local
+    reads.  If ``F_d`` devices are free on such nodes, one of them is ``1/F_d`` of ``d``'s free local
+    room; a node's contention is the sum of ``1/F_d`` over the data sets it holds whole (0 for a
+    node that holds no data set whole, or has nothing free).  Placements that take low-contention
+    devices leave the scarce local room to the jobs that need it.  O(replicas).
+    """
+    nodes = snap.nodes
+    out = dict.fromkeys((n for n in nodes if free.get(n, 0) > 0), 0.0)
+    for name, shards in snap.shards.items():
+        if not shards:
+            continue
+        count: dict[str, int] = {}
+        for s in shards:
+            for n in snap.replicas.get((name, s.index), ()):
+                if n in nodes:
+                    count[n] = count.get(n, 0) + 1
+        whole = [n for n, c in count.items() if c >= len(shards)]
+        room = sum(free.get(n, 0) for n in whole)
+        for n in whole:
+            if n in out:
+                out[n] += 1.0 / room
+    return out
+
+
+def index_dataset(snap: Snapshot, name: str, contention: Mapping[str, float] | None = None) -> DatasetIndex:
+    """Where the live copies of data set ``name`` are (an empty index for an unknown data set).
+
+    Holders are ordered by local bytes (most first), then by ``contention`` (least first), then name.
+    """
     shards = tuple(snap.shards.get(name, ()))
     nodes = snap.nodes
     sources: list[tuple[str, ...]] = []
@@ -96,7 +140,8 @@ def index_dataset(snap: Snapshot, name: str) -> DatasetIndex:
         for n in src:
             local_bytes[n] = local_bytes.get(n, 0) + s.bytes
             local_shards[n] = local_shards.get(n, 0) + 1
-    holders = tuple(sorted(local_bytes, key=lambda n: (-local_bytes[n], n)))
+    con = contention or {}
+    holders = tuple(sorted(local_bytes, key=lambda n: (-local_bytes[n], con.get(n, 0.0), n)))
     return DatasetIndex(name, shards, tuple(sources), holders, local_bytes, local_shards, tuple(missing))
 
 
@@ -114,16 +159,19 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
     if datasets is None:
         datasets = {j.dataset for j in snap.pending if j.dataset is not None}
     hist = Counter(devices.values())
+    contention = node_contention(snap, free)
     return Stage1Index(
         racks=racks,
         devices=devices,
         free=free,
         free_desc=free_desc,
         free_desc_by_rack=_by_rack(free_desc, racks),
-        datasets={d: index_dataset(snap, d) for d in sorted(datasets)},
+        datasets={d: index_dataset(snap, d, contention) for d in sorted(datasets)},
         device_hist=tuple(sorted(hist.items())),
         total_devices=sum(devices.values()),
         max_node_devices=max(devices.values(), default=0),
+        contention=contention,
+        calm=tuple(sorted(contention, key=lambda n: (contention[n], -free[n], n))),
     )
 
 
@@ -154,7 +202,7 @@ def dataset_of(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex
     if job.dataset is None:
         return None
     ds = index.datasets.get(job.dataset)
-    return ds if ds is not None else index_dataset(snap, job.dataset)
+    return ds if ds is not None else index_dataset(snap, job.dataset, index.contention)
 
 
 def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str | None:
@@ -357,6 +405,26 @@ def _spread(fit: _Fit, ds: DatasetIndex | None) -> dict[str, int] | None:
     return counts if remaining == 0 else None
 
 
+def _calm(fit: _Fit) -> dict[str, int] | None:
+    """Ranks on the least contended nodes (most free first among equals): where a job that has to
+    stage its data anyway takes the least local room from others.  A gang goes whole to the least
+    contended node with room for all its ranks if there is one."""
+    if fit.ranks > 1:
+        for n in fit.index.calm:
+            if fit.cap(n) >= fit.ranks:
+                return {n: fit.ranks}
+    counts: dict[str, int] = {}
+    remaining = fit.ranks
+    for n in fit.index.calm:
+        if remaining == 0:
+            break
+        c = fit.cap(n)
+        if c > 0:
+            counts[n] = min(c, remaining)
+            remaining -= counts[n]
+    return counts if remaining == 0 else None
+
+
 # --- evaluating a placement: shard assignment, sources, costs --------------------------------------
 
 
@@ -531,8 +599,37 @@ def _source(
 
 
 def candidate_key(c: Candidate) -> tuple[int, int, tuple[str, ...]]:
-    """Stage 1's order: cheapest first, then fewest nodes, then node names."""
+    """The plain order: cheapest first, then fewest nodes, then node names."""
     return (c.transfer_cost_ms, len(c.nodes), c.nodes)
+
+
+def contention_of(c: Candidate, index: Stage1Index) -> float:
+    """The contention of the devices a candidate takes (devices x node contention, summed)."""
+    con = index.contention
+    return c.devices_per_rank * sum(con.get(n, 0.0) for n in c.rank_nodes)
+
+
+def candidate_order(
+    index: Stage1Index, cfg: PolicyConfig
+) -> Callable[[Candidate], tuple[int, float, float, float, tuple[str, ...]]]:
+    """Stage 1's order (and the arbiters' choice among fitting candidates), best first:
+
+    candidates within ``cfg.locality_threshold_ms`` ("local enough") before the others; among local
+    ones the cheapest, then fewest nodes, then the least contended (:func:`contention_of`); among the
+    others the least contended, then the cheapest, then fewest nodes (a job that stages anyway pays
+    about the same wherever it goes, so it should take the devices least useful for other data
+    sets' local reads); last, node names.  With no data set held whole anywhere every contention is
+    0 and this is the plain order of :func:`candidate_key` within each class.
+    """
+    limit = cfg.locality_threshold_ms
+
+    def key(c: Candidate) -> tuple[int, float, float, float, tuple[str, ...]]:
+        con = contention_of(c, index)
+        if c.transfer_cost_ms <= limit:
+            return (0, c.transfer_cost_ms, len(c.nodes), con, c.nodes)
+        return (1, con, c.transfer_cost_ms, len(c.nodes), c.nodes)
+
+    return key
 
 
 def propose_packed(
@@ -595,13 +692,18 @@ def propose(
         layouts.append(_holders_first(fit, ds, set(layouts[0])))
     seen: set[tuple[tuple[str, int], ...]] = set()
     out: list[Candidate] = []
-    for counts in layouts:
+
+    def add(counts: dict[str, int] | None) -> None:
         if counts is None:
-            continue
+            return
         key = tuple(sorted(counts.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(_evaluate(job, counts, ds, index, cfg))
-    out.sort(key=candidate_key)
+        if key not in seen:
+            seen.add(key)
+            out.append(_evaluate(job, counts, ds, index, cfg))
+
+    for counts in layouts:
+        add(counts)
+    if ds is not None and ds.shards and not quick:
+        add(_calm(fit))
+    out.sort(key=candidate_order(index, cfg))
     return out[: max(0, cfg.candidates_per_job)]

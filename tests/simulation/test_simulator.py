@@ -73,7 +73,7 @@ def test_fifo_tiny_trace_gives_the_hand_computed_schedule(tmp_path: Path) -> Non
 
 
 def test_twostage_on_the_same_trace_waits_for_locality_and_orders_by_fair_share(tmp_path: Path) -> None:
-    # The same cluster and trace under twostage (locality wait 30 s, threshold 0 ms):
+    # The same cluster and trace under twostage (locality wait 30 s set here, threshold 0 ms):
     # t=0   A on n0000 (local), ends 100.
     # tick 10: B fits only on n0001, where staging costs 1000 ms > 0; a local placement would exist on
     #       n0000 if it were idle, so B waits for locality until 5 + 30 = 35 (next tick: 40).
@@ -86,7 +86,8 @@ def test_twostage_on_the_same_trace_waits_for_locality_and_orders_by_fair_share(
     trace = write_trace(tmp_path / "tiny.csv", [("A", 0, "u1", 2, 100), ("B", 5, "u2", 2, 50),
                                                 ("C", 12, "u1", 4, 30), ("D", 15, "u2", 1, 20)])
     r = simulate(simmod.load_trace(trace), "twostage", ClusterSpec(nodes=2, devices_per_node=2, racks=1),
-                 DataSpec(datasets=1, shards=1, shard_mb=3125, replicas=1), seed=0, cycle_s=10)
+                 DataSpec(datasets=1, shards=1, shard_mb=3125, replicas=1), seed=0, cycle_s=10,
+                 cfg=PolicyConfig(locality_wait_s=30))
     assert r.schedule == {"A": (0, 100), "B": (40, 91), "C": (120, 150), "D": (100, 120)}
 
 

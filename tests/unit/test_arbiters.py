@@ -242,3 +242,80 @@ def test_decide_reports_phase_durations() -> None:
     _, d = decide(cluster().node("a").pending(job(1)).build(), PolicyConfig())
     assert set(d.durations_s) == {"index", "stage1", "stage2"}
     assert all(v >= 0 for v in d.durations_s.values())
+
+
+def tie_snapshot(second_submit_s: float, second_user: str = "alice"):
+    # one free device, on a, which holds d; e lives on b (busy).  Job 1 (e) is older than job 2 (d).
+    return (
+        cluster()
+        .node("a", rack="r1", devices=1).holds("d", shards=[0])
+        .node("b", rack="r1", devices=1, free=0).holds("e", shards=[0])
+        .usage(alice=10.0, bob=10.0, carol=30.0)
+        .pending(job(1, dataset="e", submit_s=0), job(2, user=second_user, dataset="d", submit_s=second_submit_s))
+        .at(second_submit_s + 100)
+        .build()
+    )  # fmt: skip
+
+
+def test_ties_in_priority_go_to_the_job_that_reads_locally() -> None:
+    _, d = decide(tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    # job 2 became pending 300 s after job 1 (within the 600 s window) and reads d on a locally;
+    # job 1 would stage e from b: job 2 goes first and job 1 waits for a device
+    assert d.order == [2, 1]
+    assert bound_nodes(d) == {2: {"a": 1}} and d.bindings[2].transfer_cost_ms == 0
+    assert d.reasons[1].startswith("devices busy")
+    assert d.priorities[1] > d.priorities[2]  # priorities themselves are untouched
+
+
+def test_ties_go_to_another_user_only_with_the_same_fair_share_factor() -> None:
+    _, d = decide(tie_snapshot(300, "bob"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    assert d.order == [2, 1]  # alice and bob have used the same: a tie
+    _, d = decide(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    # carol has used more (lower factor): she never passes alice, local or not
+    assert d.order == [1, 2] and bound_nodes(d) == {1: {"a": 1}}
+
+
+def test_no_tie_beyond_the_window_or_with_the_window_off() -> None:
+    for snap, cfg in (
+        (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600)),
+        (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0)),
+    ):
+        _, d = decide(snap, cfg)
+        # strict priority order: job 1 takes a and stages e from b (320 ms)
+        assert d.order == [1, 2]
+        assert bound_nodes(d) == {1: {"a": 1}} and d.bindings[1].transfer_cost_ms == 320
+
+
+def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> None:
+    snap = (
+        cluster()
+        .node("a", devices=2, free=1).holds("d", shards=[0])
+        .running(9, "carol", {"a": 1}, end_by_s=500)
+        .pending(job(1, ranks=2, submit_s=0), job(2, dataset="d", submit_s=60))
+        .at(100)
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    # job 2 is local on a and tied with job 1, but job 1 (no candidate now) is not passed: it
+    # reserves a from t=500, and job 2 (one hour) may not take the reserved device
+    assert d.order == [1, 2]
+    assert d.reservation == (1, {"a": 2}, 500.0)
+    assert d.bindings == {} and d.reasons[2] == "reserved for job 1 until t=500s"
+
+
+def test_a_job_that_stages_anyway_leaves_the_only_local_room_of_another_data_set() -> None:
+    snap = (
+        cluster()
+        .node("h", rack="r1", free=0).holds("d", shards=[0])
+        .node("x", rack="r1", devices=1).holds("e", shards=[0])
+        .node("y", rack="r2", devices=1)
+        .pending(job(1, dataset="d", submit_s=0), job(2, user="bob", dataset="e", submit_s=1))
+        .usage(alice=0.0, bob=50.0)
+        .at(1)
+        .build()
+    )  # fmt: skip
+    _, d = decide(snap, NO_WAIT)
+    # job 1 (higher priority) must stage d anyway: it takes y (800 ms) rather than x (320 ms), so
+    # job 2 still reads e locally on x
+    assert bound_nodes(d) == {1: {"y": 1}, 2: {"x": 1}}
+    assert (d.bindings[1].transfer_cost_ms, d.bindings[2].transfer_cost_ms) == (800, 0)

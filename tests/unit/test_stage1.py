@@ -216,3 +216,81 @@ def test_free_devices_stay_in_fill_order_under_updates() -> None:
     assert list(fd.desc(2, rack="r1")) == ["a"]
     fd.set("c", 0)
     assert dict(fd) == {"a": 3, "b": 1}
+
+
+def contended_snapshot():
+    # d is held whole on a and b (1 free each: F_d = 2); e only on a (F_e = 1); f on c, which is busy.
+    return (
+        cluster()
+        .node("a", rack="r1", free=1).holds("d", shards=[0, 1]).holds("e", shards=[0])
+        .node("b", rack="r1", free=1).holds("d", shards=[0, 1])
+        .node("c", rack="r1", free=0).holds("f", shards=[0])
+        .node("z", rack="r2", free=2)
+        .pending(job(1, dataset="d"))
+        .build()
+    )  # fmt: skip
+
+
+def test_contention_sums_the_share_of_free_local_room_each_node_stands_for() -> None:
+    from scheduler.stage1 import node_contention
+
+    snap = contended_snapshot()
+    idx = build_index(snap)
+    # a: 1/F_d + 1/F_e = 1/2 + 1/1; b: 1/F_d; z holds nothing whole; c has nothing free (left out)
+    assert node_contention(snap, idx.free) == {"a": 1.5, "b": 0.5, "z": 0.0}
+    assert idx.contention == {"a": 1.5, "b": 0.5, "z": 0.0}
+    assert idx.calm == ("z", "b", "a")  # least contended first
+
+
+def test_among_equal_holders_the_least_contended_is_taken() -> None:
+    snap = contended_snapshot()
+    best = propose(snap.pending[0], snap, CFG)[0]
+    # a and b both hold all of d; a's free device is also e's only local room: b is taken
+    assert best.rank_nodes == ("b",) and best.transfer_cost_ms == 0
+
+
+def test_a_job_that_must_stage_takes_the_least_contended_devices_even_if_dearer() -> None:
+    snap = (
+        cluster()
+        .node("h", rack="r1", free=0).holds("d", shards=[0])  # d's only copy: busy
+        .node("x", rack="r1", free=1).holds("e", shards=[0])  # e's only local room
+        .node("y", rack="r2", free=1)
+        .pending(job(1, dataset="d"))
+        .build()
+    )  # fmt: skip
+    cands = propose(snap.pending[0], snap, CFG)
+    # x would stage d from h in the rack (320 ms), y across racks (800 ms); both stage all of d,
+    # but only y leaves e's local room alone
+    assert [(c.nodes, c.transfer_cost_ms) for c in cands] == [(("y",), 800), (("x",), 320)]
+
+
+def test_local_candidates_still_go_cheapest_then_fewest_nodes_before_contention() -> None:
+    snap = (
+        cluster()
+        .node("a", devices=2).holds("d", shards=[0]).holds("e", shards=[0])
+        .node("b", devices=2)
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    cands = propose(snap.pending[0], snap, CFG)
+    # splitting the gang (a + b, rank 1 reads nothing) would also be local and less contended, but
+    # one node is better for a gang: a x2 first
+    assert cands[0].rank_nodes == ("a", "a") and cands[0].transfer_cost_ms == 0
+    assert any(c.nodes == ("a", "b") and c.transfer_cost_ms == 0 for c in cands[1:])
+
+
+def test_without_whole_holdings_the_order_is_the_plain_cost_order() -> None:
+    from scheduler.stage1 import candidate_key
+
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=1).holds("d", shards=[0, 1])
+        .node("b", rack="r2").holds("d", shards=[2, 3])
+        .node("c", rack="r1")
+        .pending(job(1, ranks=3, dataset="d"))
+        .build()
+    )  # fmt: skip
+    idx = build_index(snap)
+    assert set(idx.contention.values()) == {0.0}  # no node holds all four shards
+    cands = propose(snap.pending[0], snap, CFG, idx)
+    assert cands == sorted(cands, key=candidate_key)
