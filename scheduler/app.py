@@ -44,18 +44,33 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
 
+class BodyLimit:
+    """Refuse a declared body over ``limit`` bytes (413) before anything reads it.
+
+    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` wraps every request in an extra
+    task and response stream, which cost a fifth of the server's time under 200 heartbeats a second."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope.get("headers", ()):
+                if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
+                    response = JSONResponse({"detail": f"request body larger than {self.limit} bytes", "field": None},
+                                            status_code=413)
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 def create_app(ctx: Any) -> FastAPI:
     """``ctx`` is the running ``ServerContext``: ``db``, ``settings``, ``clock``, ``poke()``."""
     app = FastAPI(title="gsched", version="0.1.0", responses=ERRORS)
     db = ctx.db
 
-    @app.middleware("http")
-    async def _body_limit(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes", "field": None},
-                                status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -203,34 +204,65 @@ def build_snapshot(s: Session, now: float) -> Snapshot:
                                       .where(Checkpoint.job_id.in_(pending_ids))
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
-    pending = []
-    for job_id, user, spec, submitted_at, pending_since in s.execute(
-            select(Job.id, Job.user, Job.spec, Job.submitted_at, Job.pending_since)
-            .where(Job.state == st.PENDING).order_by(Job.id)):
-        res = spec.get("resources", {})
-        pending.append(JobView(id=job_id, user=user, ranks=int(res.get("ranks", 1)),
-                               devices_per_rank=int(res.get("gpus_per_rank", 1)),
-                               dataset=spec.get("data", {}).get("dataset"), submit_s=submitted_at,
-                               pending_since_s=pending_since,
-                               time_limit_s=float(spec.get("limits", {}).get("time", 3600)),
-                               prefer_nodes=ckpt_nodes.get(job_id, ())))
-    running = []
+    pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since)
+                             .where(Job.state == st.PENDING).order_by(Job.id)).all()
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
                                            .where(Rank.state.not_in(st.RANK_FINAL))):
         by_job[job_id][node] += len(devices or [])
-    for job_id, user, spec, started_at in s.execute(
-            select(Job.id, Job.user, Job.spec, Job.started_at).where(Job.id.in_(list(by_job)))):
+    running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at).where(Job.id.in_(list(by_job)))).all()
+    shapes = _job_shapes(s, [(r[0], r[1]) for r in pending_rows] + [(r[0], r[1]) for r in running_rows])
+    pending = []
+    for job_id, submitted_at, pending_since in pending_rows:
+        shape = shapes[job_id]
+        pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
+                               dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,
+                               time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ())))
+    running = []
+    for job_id, _submitted, started_at in running_rows:
         start = started_at or now
-        limit = float(spec.get("limits", {}).get("time", 3600))
-        running.append(RunningView(id=job_id, user=user, devices_by_node=tuple(sorted(by_job[job_id].items())),
-                                   end_by_s=max(now, start + limit)))
+        running.append(RunningView(id=job_id, user=shapes[job_id].user,
+                                   devices_by_node=tuple(sorted(by_job[job_id].items())),
+                                   end_by_s=max(now, start + shapes[job_id].time_limit_s)))
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
     shares = dict(s.execute(select(User.name, User.shares)).all())
     return Snapshot(now_s=now, nodes=nodes, shards={k: tuple(v) for k, v in shards.items()},
                     replicas={k: tuple(v) for k, v in replicas.items()}, pending=tuple(pending),
                     running=tuple(running), usage=usage, shares=shares)
+
+
+@dataclass(frozen=True)
+class _JobShape:
+    user: str
+    ranks: int
+    devices_per_rank: int
+    dataset: str | None
+    time_limit_s: float
+
+
+# What the snapshot needs of a job's spec never changes after submit, so it is decoded once per job
+# and database (the specs of two thousand pending jobs were a third of the snapshot's time).
+_shapes: weakref.WeakKeyDictionary[Any, dict[tuple[int, float], _JobShape]] = weakref.WeakKeyDictionary()
+
+
+def _job_shapes(s: Session, keys: list[tuple[int, float]]) -> dict[int, _JobShape]:
+    """The shapes of jobs given as (id, submitted_at); the submit time guards against a reused id."""
+    known = _shapes.setdefault(s.get_bind(), {})
+    missing = [i for i, t in keys if (i, t) not in known]
+    for start in range(0, len(missing), 500):
+        for job_id, submitted_at, user, spec in s.execute(select(Job.id, Job.submitted_at, Job.user, Job.spec)
+                                                          .where(Job.id.in_(missing[start:start + 500]))):
+            res = spec.get("resources", {})
+            known[(job_id, submitted_at)] = _JobShape(
+                user=user, ranks=int(res.get("ranks", 1)), devices_per_rank=int(res.get("gpus_per_rank", 1)),
+                dataset=spec.get("data", {}).get("dataset"),
+                time_limit_s=float(spec.get("limits", {}).get("time", 3600)))
+    if len(known) > 4 * max(len(keys), 1000):  # forget ended jobs now and then
+        wanted = set(keys)
+        for key in [k for k in known if k not in wanted]:
+            del known[key]
+    return {i: known[(i, t)] for i, t in keys if (i, t) in known}
 
 
 # ------------------------------------------------------------------ 6. bind

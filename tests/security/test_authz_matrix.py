@@ -140,3 +140,26 @@ def test_every_change_is_in_the_event_log(world: World) -> None:
     out = world.cluster.cli("events", "--job", str(job), token=world.tokens["owner"])
     lines = out.stdout.splitlines()
     assert len(lines) == 2 and "job.submit" in lines[0] and "job.cancel" in lines[1] and "admin" in lines[1], lines
+
+
+def test_a_body_declared_too_large_is_refused_before_it_is_read(world: World) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    from scheduler.app import MAX_BODY_BYTES
+
+    u = urlsplit(world.url)
+    for declared in (str(MAX_BODY_BYTES + 1), "12abc"):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        try:  # only the headers and a few bytes are sent: the server must answer without waiting for the rest
+            conn.putrequest("POST", "/v1/jobs")
+            conn.putheader("Authorization", f"Bearer {world.tokens['owner']}")
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", declared)
+            conn.endheaders(b"{}")
+            resp = conn.getresponse()
+            assert resp.status == 413 if declared.isdigit() else resp.status in (400, 413)
+            if resp.status == 413:
+                assert "larger than" in resp.read().decode()
+        finally:
+            conn.close()
