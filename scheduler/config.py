@@ -12,7 +12,7 @@ Example::
 
     [policy]
     arbiter = "twostage"
-    locality_wait_s = 30
+    locality_wait_s = 10
     usage_half_life_s = 604800
 
     [network]
