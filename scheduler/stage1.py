@@ -181,7 +181,9 @@ def infeasible_reason(job: JobView, index: Stage1Index) -> str | None:
         return "a job needs at least one rank of at least one device"
     if job.devices > index.total_devices:
         return (
-            f"more devices than the cluster has: needs {job.devices}, the cluster has {index.total_devices}"
+            # Only up nodes are in the snapshot (submit already checked every known node), so a job
+            # can read this while nodes are down: say so rather than "more than exist".
+            f"more devices than the cluster has up: needs {job.devices}, the up nodes have {index.total_devices}"
         )
     if job.devices_per_rank > index.max_node_devices:
         return (

@@ -174,7 +174,7 @@ def test_a_job_bigger_than_the_cluster_says_so() -> None:
     snap = cluster().node("a").pending(job(1, ranks=5)).build()
     for name in ARBITERS:
         _, d = decide(snap, PolicyConfig(arbiter=name))
-        assert d.reasons[1] == "more devices than the cluster has: needs 5, the cluster has 4", name
+        assert d.reasons[1] == "more devices than the cluster has up: needs 5, the up nodes have 4", name
 
 
 def test_jobs_whose_candidates_collide_are_placed_elsewhere() -> None:

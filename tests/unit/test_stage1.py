@@ -124,7 +124,7 @@ def test_only_free_devices_and_whole_ranks() -> None:
 @pytest.mark.parametrize(
     ("the_job", "reason"),
     [
-        (job(1, ranks=11), "more devices than the cluster has: needs 11, the cluster has 10"),
+        (job(1, ranks=11), "more devices than the cluster has up: needs 11, the up nodes have 10"),
         (job(1, devices_per_rank=5), "each rank needs 5 devices on one node; the largest node has 4"),
         (
             job(1, ranks=3, devices_per_rank=3),  # 9 <= 10 devices, but a, b fit one rank each, c none
