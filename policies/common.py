@@ -54,12 +54,12 @@ class FreeLedger:
         return self.free.get(node, 0)
 
     def fits(self, c: Candidate) -> bool:
-        return all(self.free.get(n, 0) >= d for n, d in c.devices_by_node().items())
+        return all(self.free.get(n, 0) >= d for n, d in c.device_items())
 
     def take(self, c: Candidate) -> None:
         """Give the candidate's devices away; raises if any is not free (a bug in the arbiter)."""
         self.version += 1
-        for n, d in c.devices_by_node().items():
+        for n, d in c.device_items():
             had = self.free.get(n, 0)
             left = had - d
             if left < 0:
@@ -77,7 +77,7 @@ class FreeLedger:
 
 def busy_reason(c: Candidate, free: Mapping[str, int]) -> str | None:
     """Why ``c`` does not fit ``free`` ("devices busy on n2: needs 4, 2 free"), or None if it fits."""
-    for n, d in c.devices_by_node().items():
+    for n, d in c.device_items():
         have = free.get(n, 0)
         if have < d:
             return f"devices busy on {n}: needs {d}, {have} free"

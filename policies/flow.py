@@ -66,7 +66,7 @@ def solve_flow(
         g.add_edge(("j", job.id), "sink", capacity=dj, weight=big_m + round(10 * prios[job.id]))
         for i, c in enumerate(candidates.get(job.id, ())):
             g.add_edge(("j", job.id), ("c", job.id, i), capacity=dj, weight=unit[(job.id, i)])
-            for n, dv in c.devices_by_node().items():
+            for n, dv in c.device_items():
                 if free.get(n, 0) > 0:
                     g.add_edge(("c", job.id, i), ("n", n), capacity=dv, weight=0)
     for n, f in free.items():

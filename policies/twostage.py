@@ -28,7 +28,8 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from policies.common import FreeLedger, busy_reason, devices_busy, fmt_t
 from scheduler.fairshare import queue_order
@@ -169,6 +170,7 @@ class TwoStageArbiter:
         bound_ends: list[tuple[float, dict[str, int]]] = []
         res: Reservation | None = None
         possible: dict[tuple[str | None, int, int], bool] = {}
+        reproposed: dict[tuple[Any, ...], list[Candidate]] = {}
         now = snap.now_s
         order = candidate_order(index, cfg)
 
@@ -196,7 +198,15 @@ class TwoStageArbiter:
                 else:
                     d.candidate_reasons[(job.id, i)] = busy
             if not fitting and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
-                fitting = propose(job, snap, cfg, index, free=avail, quick=True)
+                # Jobs of one shape share stage 1's candidates, so once the first takes them the rest
+                # re-propose against what is left.  The spare placements of the last re-proposal for
+                # this shape are tried first; only when none still fits is stage 1 asked again.
+                shape = (job.dataset, job.ranks, job.devices_per_rank, job.prefer_nodes, avail is ledger.free)
+                spare = [c for c in reproposed.get(shape, ()) if busy_reason(c, avail) is None]
+                if not spare:
+                    spare = propose(job, snap, cfg, index, free=avail, quick=True)
+                    reproposed[shape] = spare
+                fitting = [c if c.job_id == job.id else replace(c, job_id=job.id) for c in spare]
 
             if not fitting:
                 if (

@@ -35,10 +35,21 @@ class Candidate:
     reads: tuple[ShardRead, ...]
     transfer_bytes: int
     transfer_cost_ms: int
+    # (node, devices) pairs in node order, worked out on first use: stage 2 asks for them of the same
+    # candidate many times (a quarter of its time at 50,000 pending jobs when rebuilt on every call).
+    _by_node: tuple[tuple[str, int], ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def device_items(self) -> tuple[tuple[str, int], ...]:
+        """``devices_by_node()`` as (node, devices) pairs in node order, without building a dict."""
+        items = self._by_node
+        if items is None:
+            counts = Counter(self.rank_nodes)
+            items = tuple((n, c * self.devices_per_rank) for n, c in sorted(counts.items()))
+            object.__setattr__(self, "_by_node", items)
+        return items
 
     def devices_by_node(self) -> dict[str, int]:
-        counts = Counter(self.rank_nodes)
-        return {n: c * self.devices_per_rank for n, c in sorted(counts.items())}
+        return dict(self.device_items())
 
     @property
     def nodes(self) -> tuple[str, ...]:
