@@ -23,7 +23,7 @@ SECTIONS = ("cycle", "quality", "control", "launch")
 def write_results(report: Report, path: Path, argv: list[str], wall_s: float) -> None:
     lines = ["# gsched benchmark results", "",
              f"- date: {today()}", f"- machine: {machine()}",
-             f"- command: `python -m benchmarks {' '.join(argv)}`".rstrip(), f"- wall time: {wall_s:.0f} s", "",
+             f"- command: `{' '.join(['python -m benchmarks', *argv])}`", f"- wall time: {wall_s:.0f} s", "",
              "Each line: absolute values; the ratio against the baseline measured in the same run; the target.",
              "Section docstrings in `benchmarks/*.py` describe each set-up.", "", "## Figures", ""]
     lines += [f"- {f.line()}" for f in report.figures]
