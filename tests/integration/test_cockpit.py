@@ -122,7 +122,7 @@ def test_watch_shows_the_job_pending_then_running_then_completed(watched: dict[s
     assert list(seen) == ["PENDING", "RUNNING", "COMPLETED"]
     assert watched["order"] == sorted(watched["order"]), "states appeared out of order"
     # While pending, the row says why in plain words; once running it names both nodes.
-    assert "needs 2, the cluster has 1" in seen["PENDING"]
+    assert "needs 2, the up nodes have 1" in seen["PENDING"]
     assert re.search(r"RUNNING\s+2x1\s+n1,n2\s+100%", seen["RUNNING"]), seen["RUNNING"]
     # The panels were drawn too, and Ctrl-C ended the watch cleanly.
     assert "fair share" in watched["screen"] and "nodes (" in watched["screen"]
