@@ -168,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verb:
         parser.print_help()
         return 2
+    if args.verb not in ("server", "agent"):
+        # A shell starts background jobs with SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt: `queue --watch`, `logs --follow` and `demo` would not stop on Ctrl-C.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return int(HANDLERS[args.verb](args) or 0)
     except ApiError as e:

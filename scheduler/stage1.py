@@ -613,23 +613,26 @@ def contention_of(c: Candidate, index: Stage1Index) -> float:
 
 def candidate_order(
     index: Stage1Index, cfg: PolicyConfig
-) -> Callable[[Candidate], tuple[int, float, float, float, tuple[str, ...]]]:
+) -> Callable[[Candidate], tuple[int, int, float, float, float, tuple[str, ...]]]:
     """Stage 1's order (and the arbiters' choice among fitting candidates), best first:
 
     candidates within ``cfg.locality_threshold_ms`` ("local enough") before the others; among local
     ones the cheapest, then fewest nodes, then the least contended (:func:`contention_of`); among the
-    others the least contended, then the cheapest, then fewest nodes (a job that stages anyway pays
-    about the same wherever it goes, so it should take the devices least useful for other data
-    sets' local reads); last, node names.  With no data set held whole anywhere every contention is
-    0 and this is the plain order of :func:`candidate_key` within each class.
+    others, those staging a smaller share of the job's bytes first (in eighths), then the least
+    contended, then the cheapest, then fewest nodes: placements that stage about as much pay about
+    the same wherever they go, so they should take the devices least useful for other data sets'
+    local reads, but a gang that can read half its data locally must not be sent where it reads
+    none.  Last, node names.  With no data set held whole anywhere every contention is 0 and this is
+    the plain order of :func:`candidate_key` within each class.
     """
     limit = cfg.locality_threshold_ms
 
-    def key(c: Candidate) -> tuple[int, float, float, float, tuple[str, ...]]:
+    def key(c: Candidate) -> tuple[int, int, float, float, float, tuple[str, ...]]:
         con = contention_of(c, index)
         if c.transfer_cost_ms <= limit:
-            return (0, c.transfer_cost_ms, len(c.nodes), con, c.nodes)
-        return (1, con, c.transfer_cost_ms, len(c.nodes), c.nodes)
+            return (0, 0, c.transfer_cost_ms, len(c.nodes), con, c.nodes)
+        staged_eighths = round(8 * (1.0 - c.local_fraction))
+        return (1, staged_eighths, con, c.transfer_cost_ms, len(c.nodes), c.nodes)
 
     return key
 

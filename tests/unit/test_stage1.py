@@ -56,6 +56,25 @@ def test_ranks_follow_the_data_across_nodes() -> None:
     assert len({c.rank_nodes for c in cands}) == len(cands)  # no duplicates
 
 
+def test_a_gang_that_can_read_half_locally_is_not_sent_where_it_reads_nothing() -> None:
+    # The multi-host case: one device per node, every shard on h1 (rack a), h2 and h3 empty (rack b).
+    # h1 is the only holder, so it is "contended", but {h1, h2} stages half the bytes and {h2, h3} all
+    # of them: the half-local gang comes first (the contention order applies among placements that
+    # stage about the same share, not across them).
+    snap = (
+        cluster()
+        .node("h1", rack="a", devices=1).holds("wide", shards=[0, 1, 2, 3])
+        .node("h2", rack="b", devices=1)
+        .node("h3", rack="b", devices=1)
+        .pending(job(1, ranks=2, dataset="wide"))
+        .build()
+    )  # fmt: skip
+    best = propose(snap.pending[0], snap, CFG)[0]
+    assert "h1" in best.rank_nodes and best.local_fraction == 0.5
+    _, d = decide(snap, PolicyConfig(locality_wait_s=0))
+    assert "h1" in d.bindings[1].rank_nodes
+
+
 def test_each_rank_gets_floor_or_ceil_of_the_shards() -> None:
     snap = (
         cluster().node("a").holds("d", shards=[0, 1, 2, 3, 4]).pending(job(1, ranks=2, dataset="d")).build()
