@@ -135,6 +135,16 @@ def test_bind_rechecks_devices_so_none_is_given_twice(db: Database) -> None:
         assert s.get(Job, b).state == "PENDING"
 
 
+def bound_job(db: Database, spec: dict = SPEC) -> tuple[FakeClock, int]:  # type: ignore[type-arg]
+    """A two-node cluster, alice's job submitted and bound by one cycle: (the clock, the job id)."""
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+    run_cycle(db, settings(), clock.advance(1))
+    return clock, job_id
+
+
 def test_a_job_goes_pending_bound_running_completed_through_cycle_and_heartbeats(db: Database) -> None:
     clock = FakeClock(1000.0)
     setup_cluster(db, clock)
@@ -162,11 +172,7 @@ def test_a_job_goes_pending_bound_running_completed_through_cycle_and_heartbeats
 
 
 def test_a_silent_node_is_marked_down_and_its_job_requeued(db: Database) -> None:
-    clock = FakeClock(1000.0)
-    setup_cluster(db, clock)
-    with db.session() as s:
-        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
-    run_cycle(db, settings(), clock.advance(1))
+    clock, job_id = bound_job(db)
     clock.advance(5)
     with db.session() as s:  # n1 keeps reporting, n2 goes silent
         process_heartbeat(s, clock.now(), Identity("agent", "n1"), heartbeat("n1"))
@@ -216,11 +222,7 @@ def test_past_max_restarts_a_job_fails_with_its_history(db: Database) -> None:
 
 
 def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Database) -> None:
-    clock = FakeClock(1000.0)
-    setup_cluster(db, clock)
-    with db.session() as s:
-        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
-    run_cycle(db, settings(), clock.advance(1))
+    clock, job_id = bound_job(db)
     with db.session() as s:
         r = s.scalar(select(Rank).where(Rank.job_id == job_id, Rank.rank == 1))
         node = r.node
@@ -260,11 +262,7 @@ def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Databas
 
 
 def test_the_server_lists_only_the_checkpoints_the_job_keeps(db: Database) -> None:
-    clock = FakeClock(1000.0)
-    setup_cluster(db, clock)
-    with db.session() as s:
-        job_id, _ = svc.submit_job(s, clock.now(), ALICE, {**SPEC, "train": {"epochs": 5, "keep_checkpoints": 2}}, None)
-    run_cycle(db, settings(), clock.advance(1))
+    clock, job_id = bound_job(db, {**SPEC, "train": {"epochs": 5, "keep_checkpoints": 2}})
     with db.session() as s:
         node = s.scalar(select(Rank).where(Rank.job_id == job_id, Rank.rank == 0)).node
     running = {"job_id": job_id, "attempt": 1, "rank": 0, "state": "RUNNING"}
