@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agents.shardfile import MAGIC, inside, prune_checkpoints, shard_path, valid_name
+from agents.shardfile import MAGIC, background_priority, inside, prune_checkpoints, shard_path, valid_name
 from scheduler.auth import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
@@ -153,6 +153,7 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                 elif kind == "checkpoints" and len(rest) == 2 and _number(rest[0]):
                     if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
                         return self._send(403, "a valid agent ticket is required")
+                    background_priority()  # a mirror nobody waits on: this request's thread only
                     path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])
                     sha = self.headers.get("X-Gsched-Sha256", "")
                     expect_magic = False

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.dataserver import checkpoint_dir, checkpoint_path
-from agents.shardfile import shard_path
+from agents.shardfile import background_priority, shard_path
 from agents.staging import StagingError, fetch
 
 log = logging.getLogger("gsched.agent.rank")
@@ -152,6 +152,7 @@ class RankRunner(threading.Thread):
         return out
 
     def _mirror(self, line: dict[str, Any]) -> None:
+        background_priority()  # the next epoch is training on these cores
         keep = int((self.a.get("train") or {}).get("keep_checkpoints", 0) or 0)
         line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))), keep)
 

@@ -139,3 +139,19 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[str]
             pass
     return gone
 
+
+BACKGROUND_NICE = 10
+
+
+def background_priority() -> None:
+    """Lower the calling thread's CPU priority to nice 10 (never raise it; Linux: nice applies per thread).  For copies nobody
+    waits on, such as checkpoint mirrors, which would otherwise take CPU from the ranks training on
+    the same cores; best effort elsewhere."""
+    try:
+        import threading
+
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE))
+    except (AttributeError, OSError):
+        pass
+

@@ -6,7 +6,8 @@ One local cluster (server + one agent with 2 devices, CPU here) on loopback; a s
 (the job turns RUNNING when every rank runs).  Then the very rank spec files the agent wrote (same
 shards per rank, same training knobs, same threads per rank) are run by
 ``torchrun --nproc-per-node 2 -m benchmarks.rank_by_env`` on the same node, alone.  Throughput is
-rank 0's ``images_per_s`` of the last epoch (warm) in each metrics file; ratio gsched / torchrun.
+rank 0's median ``images_per_s`` over the warm epochs (2 to 5) in each metrics file; ratio gsched /
+torchrun.
 """
 
 from __future__ import annotations
@@ -24,14 +25,19 @@ from benchmarks.common import Figure, Report
 from scheduler.localcluster import LocalCluster, NodeSpec
 
 
-def _last_rate(metrics: Path) -> float:
+def _warm_rate(metrics: Path) -> float:
+    """The median ``images_per_s`` of the warm epochs (all but the first): one epoch alone moved the
+    ratio between 0.74 and 1.07 from run to run on 2 shared cores."""
+    import statistics
+
     rates = [json.loads(line)["images_per_s"] for line in metrics.read_text().splitlines()
              if line.strip() and json.loads(line).get("type") == "epoch"]
-    return float(rates[-1]) if rates else float("nan")
+    warm = rates[1:] or rates
+    return float(statistics.median(warm)) if warm else float("nan")
 
 
 def run(report: Report) -> None:
-    samples, size, epochs = (320, 8, 2) if report.quick else (2400, 16, 3)
+    samples, size, epochs = (320, 8, 2) if report.quick else (2400, 16, 5)
     source = f"synthetic:classes=4,samples={samples},size={size},seed=5"
     with tempfile.TemporaryDirectory(prefix="gsched-launch-") as tmp:
         cluster = LocalCluster(Path(tmp), [NodeSpec("n1", gpus=2)], heartbeat_s=0.5, cycle_s=0.5)
@@ -56,7 +62,7 @@ def run(report: Report) -> None:
             latency = job["started_at"] - job["submitted_at"]
             runs = sorted((cluster.data_dir("n1") / ".gsched" / "jobs" / str(job_id)).glob("attempt-*"))
             run_dir = runs[-1]
-            g_rate = _last_rate(run_dir / "metrics.jsonl")
+            g_rate = _warm_rate(run_dir / "metrics.jsonl")
             specs = Path(tmp) / "torchrun"
             specs.mkdir()
             for r in (0, 1):
@@ -75,10 +81,10 @@ def run(report: Report) -> None:
         if out.returncode != 0:
             report.note("launch", f"torchrun failed ({out.returncode}): {out.stderr[-800:]}")
             return
-        t_rate = _last_rate(specs / "metrics.jsonl")
+        t_rate = _warm_rate(specs / "metrics.jsonl")
         report.note("launch", f"torchrun baseline ran {time.perf_counter() - t0:.0f} s")
         report.add(Figure("launch", f"DDP ResNet-18, 2 ranks x 1 CPU device, {samples} images {size}x{size}, "
-                          f"epoch {epochs}", f"gsched {g_rate:.1f} images/s, torchrun {t_rate:.1f} images/s",
+                          f"median of epochs 2-{epochs}", f"gsched {g_rate:.1f} images/s, torchrun {t_rate:.1f} images/s",
                           f"ratio {g_rate / t_rate:.3f}", ">= 0.97", g_rate / t_rate >= 0.97))
         report.add(Figure("launch", "submit -> all ranks running (data local)", f"{latency:.2f} s",
                           "no baseline (torchrun has no queue): ratio n/a", "< 2 s", latency < 2.0))

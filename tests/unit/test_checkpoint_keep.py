@@ -67,3 +67,23 @@ def test_the_spec_takes_0_or_at_least_2_and_defaults_to_3() -> None:
     assert validate_spec(spec(keep_checkpoints=0)).train.keep_checkpoints == 0
     with pytest.raises(JobSpecError, match="train.keep_checkpoints"):
         validate_spec(spec(keep_checkpoints=1))
+
+
+def test_a_mirror_copy_runs_at_background_priority_in_its_own_thread_only() -> None:
+    import os
+    import threading
+
+    from agents.shardfile import BACKGROUND_NICE, background_priority
+
+    seen: list[int] = []
+
+    def copy() -> None:  # what the mirror thread and the receiving handler do first
+        background_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=copy)
+    t.start()
+    t.join()
+    assert seen == [max(before, BACKGROUND_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # training threads keep theirs
