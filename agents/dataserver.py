@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +23,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agents.shardfile import MAGIC, background_priority, inside, prune_checkpoints, shard_path, valid_name
+from agents.shardfile import (
+    CKPT_NAME,
+    MAGIC,
+    background_priority,
+    inside,
+    prune_checkpoints,
+    shard_path,
+    valid_name,
+)
 from scheduler.auth import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
-CKPT_NAME = re.compile(r"epoch-[0-9]{4}\.pt")  # fullmatch
 TICKET_TTL_S = 300
 CHUNK = 1 << 20
 

@@ -124,13 +124,16 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+CKPT_NAME = re.compile(r"epoch-[0-9]{4}\.pt")  # a per-epoch checkpoint's file name (fullmatch)
+
+
 def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[str]:
     """Delete all but the ``keep`` newest ``epoch-NNNN.pt`` files in ``directory`` (``keep`` 0 keeps
     every one).  Returns the names deleted.  Used by rank 0 after each checkpoint and by an agent
     receiving a mirrored one, so a long job holds ``keep`` checkpoints per copy, not one per epoch."""
     if keep <= 0:
         return []
-    names = sorted(p.name for p in Path(directory).glob("epoch-*.pt") if re.fullmatch(r"epoch-[0-9]{4}\.pt", p.name))
+    names = sorted(p.name for p in Path(directory).glob("epoch-*.pt") if CKPT_NAME.fullmatch(p.name))
     gone = names[:-keep]
     for name in gone:
         try:

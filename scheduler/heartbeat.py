@@ -17,6 +17,7 @@ Processing the same heartbeat twice is harmless: updates are absolute, and log t
 
 from __future__ import annotations
 
+import hashlib
 import signal
 from typing import Any
 
@@ -345,8 +346,6 @@ def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
     """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
     first (a checkpoint should survive its rack), then in an order stable per node but different for
     each, so mirrors spread over the cluster instead of all landing on one node."""
-    import hashlib
-
     rack = s.scalar(select(Node.rack).where(Node.name == node_name))
     rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == "up", Node.name != node_name)).all()
 
@@ -371,8 +370,9 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
                                                             ShardAssignment.rank == r.rank)
                                .order_by(ShardAssignment.shard)))
         dataset = s.get(Dataset, job.spec["data"]["dataset"])
-        shas = {sh.index: sh for sh in s.scalars(select(Shard).where(Shard.dataset == dataset.name))} if dataset else {}
         wanted = {a.shard for a in reads}
+        shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
+            Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
         holders: dict[int, list[str]] = {}
         if dataset is not None and wanted:
             for shard, node in s.execute(select(Replica.shard, Replica.node).where(
@@ -389,7 +389,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
             "master_port": job.master_port,
             "train": job.spec.get("train", {}),
             "num_classes": dataset.classes if dataset else 10,
-            "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas[a.shard].sha256 if a.shard in shas else "",
+            "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas.get(a.shard, ""),
                         "bytes": a.bytes, "source": a.source, "source_address": book.address(a.source),
                         "alternates": [book.address(n) for n in sorted(holders.get(a.shard, []))
                                        if n != a.source and book.up(n)]}

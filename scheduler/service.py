@@ -8,6 +8,7 @@ a job's owner or an admin may act on it.
 from __future__ import annotations
 
 import secrets
+import time
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -166,8 +167,6 @@ def cluster_limits(s: Session) -> tuple[int, int]:
     Counting 8,000 devices costs a few ms, more than the rest of a submit, so the answer is kept for
     ``_LIMITS_TTL_S`` per database and dropped at once when this process sees devices change; another
     server process on the same database sees a change at most that late."""
-    import time
-
     key = s.get_bind()
     hit = _limits_cache.get(key)
     if hit is not None and time.monotonic() - hit[0] < _LIMITS_TTL_S:
