@@ -28,10 +28,11 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from policies.common import FreeLedger, busy_reason, devices_busy, fmt_t
+from scheduler.decide import job_shape, relabel
 from scheduler.fairshare import queue_order
 from scheduler.placement_types import Candidate, Decision
 from scheduler.policy_config import PolicyConfig
@@ -201,12 +202,12 @@ class TwoStageArbiter:
                 # Jobs of one shape share stage 1's candidates, so once the first takes them the rest
                 # re-propose against what is left.  The spare placements of the last re-proposal for
                 # this shape are tried first; only when none still fits is stage 1 asked again.
-                shape = (job.dataset, job.ranks, job.devices_per_rank, job.prefer_nodes, avail is ledger.free)
+                shape = (*job_shape(job), avail is ledger.free)
                 spare = [c for c in reproposed.get(shape, ()) if busy_reason(c, avail) is None]
                 if not spare:
                     spare = propose(job, snap, cfg, index, free=avail, quick=True)
                     reproposed[shape] = spare
-                fitting = [c if c.job_id == job.id else replace(c, job_id=job.id) for c in spare]
+                fitting = relabel(spare, job.id)
 
             if not fitting:
                 if (

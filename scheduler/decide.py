@@ -24,11 +24,13 @@ from scheduler.snapshot import JobView, Snapshot
 from scheduler.stage1 import build_index, propose
 
 
-def _shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
+def job_shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
+    """What stage 1's candidates depend on besides the snapshot: jobs of one shape get the same ones."""
     return (job.dataset, job.ranks, job.devices_per_rank, job.prefer_nodes)
 
 
-def _relabel(cands: list[Candidate], job_id: int) -> list[Candidate]:
+def relabel(cands: list[Candidate], job_id: int) -> list[Candidate]:
+    """``cands`` (proposed for another job of the same shape) as ``job_id``'s."""
     return [
         c
         if c.job_id == job_id
@@ -53,10 +55,10 @@ def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, l
     t1 = time.perf_counter()
     by_shape: dict[tuple[str | None, int, int, tuple[str, ...]], list[Candidate]] = {}
     for job in snap.pending:  # independent per job: may run in parallel
-        key = _shape(job)
+        key = job_shape(job)
         if key not in by_shape:
             by_shape[key] = propose(job, snap, cfg, index)
-    candidates = {job.id: _relabel(by_shape[_shape(job)], job.id) for job in snap.pending}
+    candidates = {job.id: relabel(by_shape[job_shape(job)], job.id) for job in snap.pending}
     t2 = time.perf_counter()
     decision = arb.arbitrate(snap, candidates, cfg, index=index)
     t3 = time.perf_counter()
