@@ -5,7 +5,8 @@
    ``POST /v1/jobs`` from ``THREADS`` client threads with keep-alive connections for ``SUBMIT_S``
    seconds.  Baseline: ``GET /v1/health`` from the same threads for the same time (the HTTP floor).
 2. Heartbeats: ``AGENTS`` simulated agents (each its own agent token and node) post a real heartbeat
-   every 5 s, spread evenly, from a pool of threads, while the server's cycle runs every second over
+   every 5 s, spread evenly, from a pool of threads (each with its own keep-alive connection, opened
+   before the clock starts), while the server's cycle runs every second over
    the jobs submitted in (1) (their data has no live copy, so they stay pending and every cycle does
    the whole work).  Baseline: the same heartbeat from one agent alone, before the others start (cycles running).
 
@@ -63,14 +64,17 @@ def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, t
     import httpx
 
     names = sorted(tokens)
-    stop = time.perf_counter() + seconds
     lats: list[list[float]] = [[] for _ in range(threads)]
+    ready = threading.Barrier(threads + 1)
+    clock: dict[str, float] = {}
 
     def worker(i: int) -> None:
         mine = names[i::threads]
-        start = time.perf_counter()
-        due = {n: start + period_s * (k * threads + i) / len(names) for k, n in enumerate(mine)}
         with httpx.Client(base_url=url, timeout=30) as c:
+            c.get("/v1/health")  # connect first: an agent keeps its connection, so setting one up is not heartbeat latency
+            ready.wait()
+            start, stop = clock["start"], clock["stop"]
+            due = {n: start + period_s * (k * threads + i) / len(names) for k, n in enumerate(mine)}
             while True:
                 n = min(due, key=lambda x: due[x])
                 if due[n] >= stop:
@@ -89,6 +93,9 @@ def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, t
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
+    clock["start"] = time.perf_counter() + 0.5
+    clock["stop"] = clock["start"] + seconds
+    ready.wait()
     for t in ts:
         t.join()
     return [x for per_thread in lats for x in per_thread]

@@ -12,6 +12,7 @@ Every error a caller can cause is a 4xx JSON body ``{"detail": message, "field":
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query, Request
@@ -69,6 +70,13 @@ def create_app(ctx: Any) -> FastAPI:
     """``ctx`` is the running ``ServerContext``: ``db``, ``settings``, ``clock``, ``poke()``."""
     app = FastAPI(title="gsched", version="0.1.0", responses=ERRORS)
     db = ctx.db
+    from scheduler.batching import WriteBatcher
+
+    # Heartbeats and submits are the routes hit hundreds of times a second: each is queued to one
+    # thread that commits them in batches (scheduler/batching.py), and the route awaits its answer on
+    # the event loop instead of holding one of the forty request threads.
+    ctx.heartbeats = WriteBatcher(db, ctx.clock.now, "heartbeat")
+    ctx.submits = WriteBatcher(db, ctx.clock.now, "submit")
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
@@ -88,11 +96,21 @@ def create_app(ctx: Any) -> FastAPI:
             parts.append(f"{name}: {err.get('msg')}")
         return JSONResponse({"detail": "; ".join(parts), "field": fields[0] if fields else None}, status_code=422)
 
-    def who(request: Request) -> Identity:
+    def bearer(request: Request) -> str:
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not token:
             raise Unauthorized("missing token: set GSCHED_TOKEN or pass --token")
+        return token
+
+    def known(s: Any, token: str) -> Identity:
+        ident = svc.authenticate(s, token)
+        if ident is None:
+            raise Unauthorized("invalid token")
+        return ident
+
+    def who(request: Request) -> Identity:
+        token = bearer(request)
         with db.read() as s:
             ident = svc.authenticate(s, token)
         if ident is None:
@@ -159,16 +177,18 @@ def create_app(ctx: Any) -> FastAPI:
 
     # ---------------------------------------------------------- agents
     @app.post("/v1/agent/heartbeat")
-    def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
-        me = who(request)
+    async def heartbeat(body: Heartbeat, request: Request) -> JSONResponse:
+        token = bearer(request)
         from scheduler.heartbeat import process_heartbeat
 
-        with db.session() as s:
-            reply = process_heartbeat(s, ctx.clock.now(), me, body, ctx.settings.heartbeat_ttl_s)
+        def call(s: Any, now: float) -> dict[str, Any]:
+            return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s)
+
+        reply = await asyncio.wrap_future(ctx.heartbeats.submit(call))
         if any(r.state in ("EXITED", "KILLED") for r in body.ranks):
             ctx.poke()  # devices were freed: schedule soon
         reply["heartbeat_s"] = ctx.settings.heartbeat_s
-        return reply
+        return JSONResponse(reply)
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict[str, Any]]:
@@ -210,10 +230,13 @@ def create_app(ctx: Any) -> FastAPI:
     # ---------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201,
               responses={200: {"description": "Already submitted with this client_request_id: that job"}})
-    def submit(body: JobSubmit, request: Request) -> JSONResponse:
-        me = person(request)
-        with db.session() as s:
-            job_id, created = svc.submit_job(s, ctx.clock.now(), me, body.spec, body.client_request_id)
+    async def submit(body: JobSubmit, request: Request) -> JSONResponse:
+        token = bearer(request)
+
+        def call(s: Any, now: float) -> tuple[int, bool]:
+            return svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id)
+
+        job_id, created = await asyncio.wrap_future(ctx.submits.submit(call))
         if created:
             ctx.poke()
         return JSONResponse({"id": job_id, "created": created}, status_code=201 if created else 200)

@@ -97,8 +97,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
     with db.session() as s:
         report.counts["replications"] = phase(
             "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
-    with db.session() as s:
-        phase("report", lambda: write_report(s, now, snap, candidates, decision, report, leader))
+    report.counts["explained"] = phase("report", lambda: write_report(db, now, snap, candidates, decision, report,
+                                                                      leader))
     if now - _last_thinned.get(db.url, float("-inf")) >= THIN_EVERY_S:
         with db.session() as s:
             report.counts["samples_thinned"] = thin_history(s, now)
@@ -378,15 +378,26 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
 # ------------------------------------------------------------------ 8. report
 
 
-def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
-                 decision: Decision, report: CycleReport, leader: str = "") -> None:
-    """Store every pending job's explanation (factor, priority, queue position, candidates, reason)
-    and one cluster sample.  Two executemany UPDATEs by id rather than one ORM object per job: with a
-    thousand pending jobs this phase holds the write lock, and heartbeats wait behind it."""
+# A pending job's explanation is rewritten when what it says changes (reason, queue position,
+# candidates, reservation) and otherwise at most every EXPLAIN_REFRESH_S (its priority grows with age
+# every cycle).  Rewriting thousands of unchanged explanations every cycle held the write lock for
+# 100-200 ms a second, and heartbeats queued behind it.  Written in chunks of REPORT_CHUNK rows, one
+# transaction each, so no heartbeat waits for more than one chunk.
+EXPLAIN_REFRESH_S = 15.0
+REPORT_CHUNK = 250
+_explained: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, float]]] = weakref.WeakKeyDictionary()
+
+
+def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
+                 decision: Decision, report: CycleReport, leader: str = "") -> int:
+    """Store the pending jobs' explanations (factor, priority, queue position, candidates, reason) that
+    changed or are older than ``EXPLAIN_REFRESH_S``, and one cluster sample.  Returns the rows written.
+    executemany UPDATEs by id rather than one ORM object per job."""
     position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
     reservation = _reservation(decision)
+    last = _explained.setdefault(db.engine, {})
+    kept: dict[int, tuple[str, float]] = {}
     explained: list[dict[str, Any]] = []
-    reasons: list[dict[str, Any]] = []
     for jv in snap.pending:
         chosen = decision.bindings.get(jv.id)
         cands = []
@@ -396,23 +407,38 @@ def write_report(s: Session, now: float, snap: Snapshot, candidates: dict[int, l
                           "local_fraction": round(c.local_fraction, 4), "transfer_bytes": c.transfer_bytes,
                           "transfer_cost_ms": c.transfer_cost_ms, "chosen": chosen is c,
                           "reason": "chosen" if chosen is c else decision.candidate_reasons.get((jv.id, i), "")})
+        reason = "" if chosen is not None else decision.reasons.get(jv.id, "waiting for the next cycle")
+        what = repr((reason, position.get(jv.id), cands, reservation))
+        prev = last.get(jv.id)
+        if prev is not None and prev[0] == what and now - prev[1] < EXPLAIN_REFRESH_S:
+            kept[jv.id] = prev
+            continue
+        kept[jv.id] = (what, now)
         factor = float(decision.factors.get(jv.id, 1.0))
         priority = float(decision.priorities.get(jv.id, 0.0))
-        reason = "" if chosen is not None else decision.reasons.get(jv.id, "waiting for the next cycle")
-        explained.append({"_id": jv.id, "factor": factor, "priority": priority,
+        explained.append({"_id": jv.id, "factor": factor, "priority": priority, "pending": chosen is None,
+                          "reason": reason,
                           "explain": {"time": now, "factor": factor, "priority": priority,
                                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
                                       "candidates": cands, "reason": reason or "bound", "reservation": reservation}})
-        if chosen is None:
-            reasons.append({"_id": jv.id, "reason": reason})
+    _explained[db.engine] = kept  # jobs no longer pending are forgotten
     table = cast(Table, Job.__table__)
-    if explained:
-        s.execute(table.update().where(table.c.id == bindparam("_id"))
-                  .values(factor=bindparam("factor"), priority=bindparam("priority"), explain=bindparam("explain")),
-                  explained)
-    if reasons:  # only jobs still pending: a job cancelled since the snapshot keeps its own reason
-        s.execute(table.update().where(table.c.id == bindparam("_id"), table.c.state == st.PENDING)
-                  .values(reason=bindparam("reason")), reasons)
+    for at in range(0, len(explained), REPORT_CHUNK):
+        chunk = explained[at:at + REPORT_CHUNK]
+        reasons = [{"_id": e["_id"], "reason": e["reason"]} for e in chunk if e["pending"]]
+        with db.session() as s:
+            s.execute(table.update().where(table.c.id == bindparam("_id"))
+                      .values(factor=bindparam("factor"), priority=bindparam("priority"), explain=bindparam("explain")),
+                      [{k: e[k] for k in ("_id", "factor", "priority", "explain")} for e in chunk])
+            if reasons:  # only jobs still pending: a job cancelled since the snapshot keeps its own reason
+                s.execute(table.update().where(table.c.id == bindparam("_id"), table.c.state == st.PENDING)
+                          .values(reason=bindparam("reason")), reasons)
+    with db.session() as s:
+        _sample(s, now, snap, report, leader)
+    return len(explained)
+
+
+def _sample(s: Session, now: float, snap: Snapshot, report: CycleReport, leader: str) -> None:
     busy = sum(len(v) for v in busy_devices(s).values())
     total = sum(n.devices for n in snap.nodes.values())
     running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(st.ACTIVE))) or 0

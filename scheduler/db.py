@@ -2,7 +2,12 @@
 
 ``open_database(url)`` returns a ``Database`` whose ``session()`` is a context manager giving one
 transaction.  SQLite gets WAL, a busy timeout and foreign keys; writes are serialised with a process
-lock because SQLite allows one writer.  PostgreSQL uses the engine's pool as it is.
+lock because SQLite allows one writer, and between processes (the server and its cycle process) by
+SQLite's own lock, taken when a write session begins.  PostgreSQL uses the engine's pool as it is.
+
+Under SQLite every session is one real transaction from its first statement (``BEGIN`` is emitted by
+us, not by the sqlite3 module, which would start it only at the first write): a read session sees one
+consistent state, and savepoints nest inside the transaction instead of committing it.
 
 ``read()`` gives a session for reading only: it takes no write lock (under WAL, SQLite readers never
 wait for the writer), so authentication, the GET routes and the cycle's snapshot do not queue behind
@@ -12,6 +17,8 @@ into a read path fails loudly instead of vanishing.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,16 +38,27 @@ class Database:
         kwargs: dict = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            # One connection per server thread (40 request threads, the cycle and the timer) kept
+            # open: a new SQLite connection re-runs the pragmas and re-parses the schema on its first
+            # statement, and the default pool (5 + 10 overflow, overflow closed on return) did that
+            # for every tenth heartbeat under load.
+            kwargs["pool_size"] = 64
+            kwargs["max_overflow"] = 64
         else:
             kwargs["pool_pre_ping"] = True
             kwargs["pool_size"] = 10
         self.engine: Engine = create_engine(url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+            event.listen(self.engine, "begin", _sqlite_begin)
+        # Write sessions take SQLite's write lock when they begin (BEGIN IMMEDIATE): the cycle runs in
+        # its own process, and a deferred transaction that read first could not later write after
+        # the other process committed (SQLITE_BUSY at once, no waiting).
+        writer = self.engine.execution_options(sqlite_begin="BEGIN IMMEDIATE") if self.is_sqlite else self.engine
+        self._factory = sessionmaker(writer, expire_on_commit=False)
         self._reader = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         event.listen(self._reader, "before_flush", _refuse_flush)
-        self._write_lock = threading.RLock() if self.is_sqlite else None
+        self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -83,6 +101,38 @@ class Database:
         self.engine.dispose()
 
 
+class _WriterLock:
+    """SQLite's one writer, between the threads of this process (an RLock) and between processes
+    (``flock`` on ``<database>.writer``, taken by the outermost holder).  SQLite's own busy handler
+    polls with sleeps of up to 100 ms, so a heartbeat waiting behind the cycle process's write
+    slept long after the lock was free; a blocked ``flock`` wakes as soon as it is released."""
+
+    def __init__(self, database: str | None) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._path = f"{database}.writer" if database and database != ":memory:" else None
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self._path is not None:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._depth -= 1
+                self._lock.release()
+                raise
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._lock.release()
+
+
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
     from alembic.config import Config
 
@@ -98,8 +148,16 @@ def _refuse_flush(session: Session, _context, _instances) -> None:  # type: igno
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    # The sqlite3 module's own transaction handling starts a transaction only before a write, so the
+    # reads of a session ran outside it and a SAVEPOINT could commit early; it is switched off and
+    # every session begins its transaction itself (_sqlite_begin), the way SQLAlchemy documents.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    conn.exec_driver_sql(conn.get_execution_options().get("sqlite_begin", "BEGIN"))

@@ -70,7 +70,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         _inventory(s, now, hb)
     touched: set[int] = set()
     kill: list[dict[str, int]] = []
-    _ranks(s, now, hb, restarted, touched, kill)
+    here = _ranks(s, now, hb, restarted, touched, kill)
     mine = _ranks_here(s, hb)
     _logs(s, hb, mine)
     _metrics(s, now, hb, touched, mine)
@@ -80,7 +80,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         if job is not None:
             sync_job(s, now, job, failure_grace_s)
     s.flush()
-    return _reply(s, hb.node, kill)
+    return _reply(s, hb.node, kill, here)
 
 
 def _devices(s: Session, hb: Heartbeat) -> None:
@@ -134,7 +134,10 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
                 row.state, row.updated_at = "missing", now
 
 
-def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int], kill: list[dict[str, int]]) -> None:
+def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int],
+           kill: list[dict[str, int]]) -> list[Rank]:
+    """Apply the reported ranks; returns the node's ranks that were not final before (the reply
+    picks the live and the killing ones among them, so it need not read them again)."""
     rows = {(r.job_id, r.attempt, r.rank): r
             for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(st.RANK_FINAL)))}
     reported = set()
@@ -194,6 +197,7 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
                 why = "restarted" if restarted else "lost the rank"
                 requeue_job(s, now, job, f"node {hb.node} {why} (rank {row.rank})")
         touched.add(row.job_id)
+    return [rows[k] for k in sorted(rows)]
 
 
 def _ranks_here(s: Session, hb: Heartbeat) -> set[tuple[int, int, int]]:
@@ -355,9 +359,12 @@ def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
     return [{"name": n, "address": a} for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
 
 
-def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, Any]:
+def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank]) -> dict[str, Any]:
+    """``here``: the node's ranks not final before this heartbeat (``_ranks``), states as updated since.
+    Under SQLite the transaction holds the write lock, so no rank is bound in the meantime; under
+    PostgreSQL a rank bound between the two reads goes out with the node's next heartbeat."""
     assignments = []
-    live = list(s.scalars(select(Rank).where(Rank.node == node_name, Rank.state.in_(LIVE_RANK))))
+    live = [r for r in here if r.state in LIVE_RANK]
     book = _NodeBook(s)
     for r in live:
         job = s.get(Job, r.job_id)
@@ -397,12 +404,15 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
             "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
                         "addresses": [book.address(n) for n in ckpt.nodes]} if ckpt else None),
         })
-    for r in s.scalars(select(Rank).where(Rank.node == node_name, Rank.state == st.R_KILLING)):
+    for r in (x for x in here if x.state == st.R_KILLING):
         item = {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank}
         if item not in kill:
             kill.append(item)
     transfers = []
-    pending = list(s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state.in_(("pending", "running")))))
+    mine = list(s.scalars(select(Transfer).where(Transfer.dst == node_name,
+                                                 Transfer.state.in_(("pending", "running", "delete")))
+                          .order_by(Transfer.id)))
+    pending = [t for t in mine if t.state != "delete"]
     book.load({t.src for t in pending})
     for t in pending:
         sh = s.get(Shard, (t.dataset, t.shard))
@@ -412,7 +422,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]]) -> dict[str, 
         transfers.append({"id": t.id, "dataset": t.dataset, "shard": t.shard, "sha256": sh.sha256, "bytes": sh.bytes,
                           "source": t.src, "source_address": book.address(t.src)})
     deletes = []
-    for t in s.scalars(select(Transfer).where(Transfer.dst == node_name, Transfer.state == "delete")):
+    for t in (x for x in mine if x.state == "delete"):
         t.state = "done"
         deletes.append({"dataset": t.dataset, "shard": t.shard})
     reply: dict[str, Any] = {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,

@@ -30,6 +30,9 @@ class ServerContext:
     db: Database
     clock: Clock = field(default_factory=Clock)
     scheduler: Any = None
+    cycler: Any = None  # the CycleProcess, when cycles run in one (serve)
+    heartbeats: Any = None  # WriteBatchers, made by create_app
+    submits: Any = None
     server_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
     _leader: bool = False
@@ -63,9 +66,15 @@ class ServerContext:
             pass
 
     def cycle(self) -> None:
+        """One cycle: in the cycle process when the server runs one (``serve``), else in this thread."""
         if not self._cycle_lock.acquire(blocking=False):
             return
         try:
+            if self.cycler is not None:
+                leading = self.cycler.run()
+                if leading is not None:
+                    self._leader = leading
+                return
             from scheduler.cycle import run_cycle
             from scheduler.leader import holds, try_lead
 
@@ -135,6 +144,9 @@ def serve(settings: Settings) -> None:
 
     settings.home.mkdir(parents=True, exist_ok=True)
     ctx = make_context(settings)
+    from scheduler.cycleproc import CycleProcess
+
+    ctx.cycler = CycleProcess(settings, ctx.server_id)
     sched = BackgroundScheduler(daemon=True)
     sched.add_job(ctx.cycle, "interval", seconds=settings.cycle_interval_s, id="cycle", max_instances=1,
                   coalesce=True, misfire_grace_time=None)
@@ -149,6 +161,10 @@ def serve(settings: Settings) -> None:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, **tls)
     finally:
         sched.shutdown(wait=False)
+        with ctx._cycle_lock:  # a running cycle ends before the process that runs it stops
+            ctx.cycler.close()
+        for batcher in (ctx.heartbeats, ctx.submits):
+            batcher.close()
         if ctx.is_leader():
             from scheduler.leader import release
 
