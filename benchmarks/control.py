@@ -2,7 +2,8 @@
 
 1. Submit throughput: a server (no agents; fake nodes registered by heartbeats from agent tokens, so
    that submit's device check passes; one data set registered with ``POST /v1/datasets``) takes
-   ``POST /v1/jobs`` from ``THREADS`` client threads with keep-alive connections for ``SUBMIT_S``
+   ``POST /v1/jobs`` from ``THREADS`` client threads with keep-alive connections (``http.client``: the lightest client, as
+   the load generator shares the server's cores) for ``SUBMIT_S``
    seconds.  Baseline: ``GET /v1/health`` from the same threads for the same time (the HTTP floor).
 2. Heartbeats: ``AGENTS`` simulated agents (each its own agent token and node) post a real heartbeat
    every 5 s, spread evenly, from a pool of threads (each with its own keep-alive connection, opened
@@ -15,6 +16,7 @@ The clients run on the same 2 cores as the server, so the figures are lower boun
 
 from __future__ import annotations
 
+import json
 import tempfile
 import threading
 import time
@@ -33,22 +35,49 @@ def _heartbeat(node: str, incarnation: str = "bench") -> dict[str, Any]:
             "devices": [{"index": i} for i in range(8)], "free_bytes": 10**12, "replicas": []}
 
 
+class _Conn:
+    """One keep-alive HTTP/1.1 connection (``http.client``): the load generator shares the server's 2
+    cores, and httpx spent about three times the CPU per request, which the server then lacked."""
+
+    def __init__(self, url: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=30)
+
+    def request(self, method: str, path: str, token: str | None = None, body: Any = None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        self.conn.request(method, path, body=data, headers=headers)
+        r = self.conn.getresponse()
+        r.read()
+        return r.status
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _hammer(url: str, token: str, seconds: float, threads: int, method: str, path: str,
             body: Any = None) -> tuple[int, float, list[float]]:
-    import httpx
-
     stop = time.perf_counter() + seconds
     counts = [0] * threads
     lats: list[list[float]] = [[] for _ in range(threads)]
 
     def worker(i: int) -> None:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        c = _Conn(url)
+        try:
             while time.perf_counter() < stop:
                 t0 = time.perf_counter()
-                r = c.request(method, path, json=body)
-                if r.status_code < 300:
+                status = c.request(method, path, token, body)
+                if status < 300:
                     counts[i] += 1
                     lats[i].append(time.perf_counter() - t0)
+        finally:
+            c.close()
 
     t0 = time.perf_counter()
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
@@ -61,8 +90,6 @@ def _hammer(url: str, token: str, seconds: float, threads: int, method: str, pat
 
 def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, threads: int) -> list[float]:
     """Each node heartbeats every ``period_s``, phases spread evenly; returns the latencies (s)."""
-    import httpx
-
     names = sorted(tokens)
     lats: list[list[float]] = [[] for _ in range(threads)]
     ready = threading.Barrier(threads + 1)
@@ -70,8 +97,9 @@ def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, t
 
     def worker(i: int) -> None:
         mine = names[i::threads]
-        with httpx.Client(base_url=url, timeout=30) as c:
-            c.get("/v1/health")  # connect first: an agent keeps its connection, so setting one up is not heartbeat latency
+        c = _Conn(url)
+        try:
+            c.request("GET", "/v1/health")  # connect first: an agent keeps its connection; opening one is not heartbeat latency
             ready.wait()
             start, stop = clock["start"], clock["stop"]
             due = {n: start + period_s * (k * threads + i) / len(names) for k, n in enumerate(mine)}
@@ -85,10 +113,12 @@ def _agents(url: str, tokens: dict[str, str], period_s: float, seconds: float, t
                 body = _heartbeat(n)
                 body["replicas"] = None  # unchanged since the full report: what agents send
                 t0 = time.perf_counter()
-                r = c.post("/v1/agent/heartbeat", json=body, headers={"Authorization": f"Bearer {tokens[n]}"})
-                if r.status_code < 300:
+                status = c.request("POST", "/v1/agent/heartbeat", tokens[n], body)
+                if status < 300:
                     lats[i].append(time.perf_counter() - t0)
                 due[n] += period_s
+        finally:
+            c.close()
 
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in ts:

@@ -82,13 +82,12 @@ class WriteBatcher:
         try:
             with self.db.session() as s:
                 for fn, _ in batch:
+                    before = _pending(s)
                     try:
-                        result = fn(s, self.clock())
-                        s.flush()  # its writes reach the database now: a failure is this call's
-                        outcomes.append((True, result))
+                        outcomes.append((True, fn(s, self.clock())))
                     except ApiError as e:
-                        if s.new or s.dirty or s.deleted:
-                            raise  # it wrote before refusing: the batch cannot keep its writes
+                        if _pending(s) != before:
+                            raise  # it wrote (or flushed) before refusing: the batch cannot keep its writes
                         outcomes.append((False, e))
         except Exception as e:  # noqa: BLE001 - every caller must get an answer
             if len(batch) > 1:
@@ -105,3 +104,9 @@ class WriteBatcher:
                 fut.set_result(value)
             else:
                 fut.set_exception(value)
+
+
+def _pending(s: Any) -> tuple[int, int, int]:
+    """What the session holds unflushed; a call that changes it has written (a flush, even of its
+    neighbours' objects, counts too: the safe side)."""
+    return len(s.new), len(s.dirty), len(s.deleted)

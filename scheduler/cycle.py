@@ -379,11 +379,11 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
 
 
 # A pending job's explanation is rewritten when what it says changes (reason, queue position,
-# candidates, reservation) and otherwise at most every EXPLAIN_REFRESH_S (its priority grows with age
+# candidates, reservation) and otherwise every EXPLAIN_REFRESH_S (its priority grows with age
 # every cycle).  Rewriting thousands of unchanged explanations every cycle held the write lock for
 # 100-200 ms a second, and heartbeats queued behind it.  Written in chunks of REPORT_CHUNK rows, one
 # transaction each, so no heartbeat waits for more than one chunk.
-EXPLAIN_REFRESH_S = 15.0
+EXPLAIN_REFRESH_S = 60.0
 REPORT_CHUNK = 250
 _explained: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, float]]] = weakref.WeakKeyDictionary()
 

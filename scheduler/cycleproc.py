@@ -105,5 +105,9 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
             except Exception:
                 log.exception("cycle failed")
             conn.send(leading)
+            try:
+                db.checkpoint()  # the server's HTTP process leaves the WAL to us (Database.autocheckpoint)
+            except Exception:
+                log.exception("WAL checkpoint failed")
     finally:
         db.dispose()

@@ -32,7 +32,11 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, autocheckpoint: bool = True) -> None:
+        """``autocheckpoint=False`` (the server's HTTP process): this process's commits never copy the
+        WAL back into the database file; another process calls ``checkpoint()`` (the cycle process,
+        after each cycle).  A checkpoint with fsync inside a heartbeat batch's commit stalled every
+        heartbeat behind it for about 100 ms."""
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         kwargs: dict = {}
@@ -50,6 +54,8 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            if not autocheckpoint:
+                event.listen(self.engine, "connect", _no_autocheckpoint)
             event.listen(self.engine, "begin", _sqlite_begin)
         # Write sessions take SQLite's write lock when they begin (BEGIN IMMEDIATE): the cycle runs in
         # its own process, and a deferred transaction that read first could not later write after
@@ -81,6 +87,12 @@ class Database:
                 yield s
             finally:
                 s.rollback()
+
+    def checkpoint(self) -> None:
+        """Copy the SQLite WAL back into the database file without blocking readers or writers."""
+        if self.is_sqlite:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def upgrade(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with Alembic (idempotent)."""
@@ -156,6 +168,12 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _no_autocheckpoint(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA wal_autocheckpoint=0")
     cur.close()
 
 

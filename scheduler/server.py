@@ -37,6 +37,8 @@ class ServerContext:
     _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
     _leader: bool = False
     _poked_for: float | None = None  # monotonic time of the cycle a poke asked for
+    _cycle_ended: float = 0.0  # monotonic
+    _cycle_took: float = 0.0
 
     def is_leader(self) -> bool:
         return self._leader
@@ -55,13 +57,17 @@ class ServerContext:
         now = time.monotonic()
         if self._poked_for is not None and now < self._poked_for:
             return  # an earlier poke's cycle is still to come
+        # At least as long after the last cycle as that cycle took: under a stream of submits the
+        # cycle process would otherwise run back to back over a long queue and take a whole core from
+        # the server and its clients (Slurm's sched_min_interval plays the same part).
+        delay = max(POKE_DELAY_S, self._cycle_ended + self._cycle_took - now)
         try:
             job = sched.get_job("cycle")
-            target = datetime.now().astimezone() + timedelta(seconds=POKE_DELAY_S)
+            target = datetime.now().astimezone() + timedelta(seconds=delay)
             if job is not None and job.next_run_time is not None and job.next_run_time <= target:
                 return
             sched.modify_job("cycle", next_run_time=target)
-            self._poked_for = now + POKE_DELAY_S
+            self._poked_for = now + delay
         except Exception:  # the job may be running right now; the next tick picks the change up
             pass
 
@@ -69,6 +75,9 @@ class ServerContext:
         """One cycle: in the cycle process when the server runs one (``serve``), else in this thread."""
         if not self._cycle_lock.acquire(blocking=False):
             return
+        import time
+
+        started = time.monotonic()
         try:
             if self.cycler is not None:
                 leading = self.cycler.run()
@@ -89,6 +98,8 @@ class ServerContext:
         except Exception:
             log.exception("cycle failed")
         finally:
+            self._cycle_ended = time.monotonic()
+            self._cycle_took = self._cycle_ended - started
             self._cycle_lock.release()
 
 
@@ -129,7 +140,7 @@ def _write_secret(path: Path, text: str) -> None:
 
 
 def make_context(settings: Settings, clock: Clock | None = None) -> ServerContext:
-    db = Database(settings.db_url)
+    db = Database(settings.db_url, autocheckpoint=False)  # the cycle process checkpoints
     db.upgrade()
     ctx = ServerContext(settings=settings, db=db, clock=clock or Clock())
     bootstrap(db, settings, ctx.clock)

@@ -68,3 +68,26 @@ def test_a_poke_never_moves_an_earlier_cycle_later(monkeypatch) -> None:  # type
         assert sched.get_job("cycle").next_run_time <= soon + timedelta(seconds=30)
     finally:
         sched.shutdown(wait=False)
+
+
+def test_a_poke_leaves_as_long_after_a_cycle_as_the_cycle_took() -> None:
+    """A cycle over a long queue took 5 s: a submit right after it asks for the next one 5 s after it
+    ended, not 0.2 s (the cycle process would otherwise run back to back under a stream of submits)."""
+    from datetime import datetime, timedelta
+
+    runs: list[float] = []
+    ctx, sched = _context_with_timer(runs)
+    try:
+        ctx._cycle_ended, ctx._cycle_took = time.monotonic(), 5.0
+        before = datetime.now().astimezone()
+        ctx.poke()
+        due = sched.get_job("cycle").next_run_time
+        assert before + timedelta(seconds=4.5) <= due <= before + timedelta(seconds=5.5)
+        ctx._poked_for = None
+        ctx._cycle_ended, ctx._cycle_took = time.monotonic() - 10.0, 0.05  # a short cycle long ago
+        before = datetime.now().astimezone()
+        sched.modify_job("cycle", next_run_time=before + timedelta(seconds=3000))
+        ctx.poke()
+        assert sched.get_job("cycle").next_run_time <= before + timedelta(seconds=1)
+    finally:
+        sched.shutdown(wait=False)
