@@ -70,7 +70,8 @@ class Agent:
         self._last_scrub = time.monotonic()
         self._last_progress_log = 0.0
         self._pids_lock = threading.Lock()
-        self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard)
+        self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard,
+                               on_nudge=self.report_soon)
         self.address = f"{host}:{self.data.port}"
         self.token = token or self._find_token()
 
@@ -126,6 +127,10 @@ class Agent:
             self.inventory.scan()
             sha = self.inventory.sha(dataset, shard)
         return sha
+
+    def report_soon(self) -> None:
+        """Heartbeat now rather than at the next tick (a rank changed state, or the server nudged)."""
+        self._wake.set()
 
     def note_shard(self, dataset: str, shard: int, path: Path, sha256: str) -> None:
         self.inventory.note(dataset, shard, path, sha256)

@@ -6,6 +6,8 @@ Routes (all but /health need a ticket made with the cluster's peer key, which on
 * ``PUT /shards/<dataset>/<index>?sha256=H``: upload a shard; ticket ``("put", node, dataset, index, H)``
   issued by the server for this node; the body must hash to H or it is discarded.
 * ``GET|PUT /checkpoints/<job>/<file>``: a job's checkpoint files; ticket ``("ckpt", job, file, ts)``.
+* ``POST /nudge``: the server's cycle bound ranks here: heartbeat now instead of at the next tick;
+  ticket ``("nudge", node, ts)``.  It carries nothing; the assignments come with the heartbeat reply.
 
 Names are validated and every path is resolved and checked to lie inside the data dir, so ``..``,
 absolute paths and symlinks cannot reach outside it.
@@ -56,8 +58,9 @@ def _number(text: str) -> bool:
 
 class DataServer:
     def __init__(self, host: str, port: int, data_dir: Path, node: str, peer_key: Callable[[], str | None],
-                 on_shard: Callable[[str, int, Path, str], None]) -> None:
+                 on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None) -> None:
         self.data_dir = data_dir
+        self.on_nudge = on_nudge
         self.node = node
         self.peer_key = peer_key
         self.on_shard = on_shard
@@ -138,6 +141,15 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                 while block := f.read(CHUNK):
                     self.wfile.write(block)
                     srv.bytes_served += len(block)
+
+        def do_POST(self) -> None:  # noqa: N802
+            kind, rest, _ = self._route()  # type: ignore[misc]
+            if kind != "nudge" or rest or srv.on_nudge is None:
+                return self._send(404, "no such resource")
+            if not self._fresh_ticket("nudge", srv.node):
+                return self._send(403, "a valid server ticket is required")
+            srv.on_nudge()
+            return self._send(200, "ok")
 
         def do_PUT(self) -> None:  # noqa: N802
             kind, rest, query = self._route()  # type: ignore[misc]

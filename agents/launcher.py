@@ -33,7 +33,7 @@ class RankRunner(threading.Thread):
         self.agent = agent
         self.a = assignment
         self.key = (assignment["job_id"], assignment["attempt"], assignment["rank"])
-        self.state = "STAGING"
+        self._state = "STAGING"
         self.exit_code: int | None = None
         self.error = ""
         self.staged = 0
@@ -53,6 +53,21 @@ class RankRunner(threading.Thread):
         self.metrics_offset = 0
         self._held: list[dict[str, Any]] = []
         self._mirroring: threading.Thread | None = None
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        """A new state is reported at once (the agent heartbeats now), not at the next tick: the server
+        learns that ranks run, or that devices are free, without waiting ``heartbeat_s``."""
+        changed = value != self._state
+        self._state = value
+        if changed:
+            report_soon = getattr(self.agent, "report_soon", None)
+            if report_soon is not None:
+                report_soon()
 
     # ------------------------------------------------------------ called by the agent
     def update(self, assignment: dict[str, Any]) -> None:

@@ -1,6 +1,8 @@
 """Section ``launch``: a DDP ResNet-18 job started by gsched against the same ranks under ``torchrun``.
 
-One local cluster (server + one agent with 2 devices, CPU here) on loopback; a synthetic data set of
+One local cluster (server + one agent with 2 devices, CPU here) on loopback, at the shipped intervals
+(heartbeat and cycle every 2 s, as ``gsched server`` starts without a config: the test clusters' 0.5 s
+cost the training ranks CPU on these 2 cores); a synthetic data set of
 4 shards with its replica on that node (data local).  A 2-rank job (1 device each) is submitted with
 ``gsched submit``; submit-to-all-ranks-running latency is the server's ``started_at - submitted_at``
 (the job turns RUNNING when every rank runs).  Then the very rank spec files the agent wrote (same
@@ -40,7 +42,7 @@ def run(report: Report) -> None:
     samples, size, epochs = (320, 8, 2) if report.quick else (2400, 16, 5)
     source = f"synthetic:classes=4,samples={samples},size={size},seed=5"
     with tempfile.TemporaryDirectory(prefix="gsched-launch-") as tmp:
-        cluster = LocalCluster(Path(tmp), [NodeSpec("n1", gpus=2)], heartbeat_s=0.5, cycle_s=0.5)
+        cluster = LocalCluster(Path(tmp), [NodeSpec("n1", gpus=2)], heartbeat_s=2.0, cycle_s=2.0, ttl_s=15.0)
         try:
             cluster.start()
             token = cluster.add_user("bench")

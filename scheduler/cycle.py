@@ -61,13 +61,15 @@ class CycleReport:
 
 
 def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
-              fence: Any = None, clock: Any = None) -> CycleReport:
+              fence: Any = None, clock: Any = None, nudge: Any = None) -> CycleReport:
     """One cycle at time ``now``.  ``fence()``, when given, must still be true before binding
     (the leader's lease), so a server that lost the lease mid-cycle binds nothing.
 
     ``clock()``, when given, stamps each binding with the time it commits: heartbeats run between
     the cycle's phases, and a device a heartbeat freed after ``now`` must not look bound before it
-    was free in the rank history."""
+    was free in the rank history.
+
+    ``nudge(nodes)``, when given, is called with the nodes that got ranks (``scheduler.nudge``)."""
     report = CycleReport(time=now)
 
     def phase(name: str, fn: Any) -> Any:
@@ -89,11 +91,15 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
     if fence is not None and decision.bindings and not fence():
         log.warning("lost the scheduling lease during the cycle: binding nothing")
         return report
+    placed: set[str] = set()
     for job_id, cand in decision.bindings.items():
         with db.session() as s:
             if bind(s, now, job_id, cand, clock):
                 report.bound.append(job_id)
+                placed.update(cand.nodes)
     report.counts["bound"] = len(report.bound)
+    if nudge is not None and placed:
+        nudge(sorted(placed))
     with db.session() as s:
         report.counts["replications"] = phase(
             "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))

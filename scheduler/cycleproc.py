@@ -5,7 +5,8 @@ the GIL for a few hundred milliseconds every second, and every heartbeat and sub
 time waited for it: one agent alone saw a p99 of about 100 ms.  The cycle reads and writes only the
 database, so it moves to a child process: the server's timer (APScheduler) still decides when a cycle
 runs and sends the child one message per cycle; the child takes or renews the scheduling lease, runs
-``run_cycle`` and answers whether it leads.  Writes of the two processes are serialised by the
+``run_cycle`` (which nudges the agents it bound ranks on: ``scheduler/nudge.py``) and answers whether
+it leads.  Writes of the two processes are serialised by the
 database (SQLite's lock, taken when a write session begins; PostgreSQL's row locks).
 
 The child is started with ``spawn`` (no copy of the server's threads or sockets), restarted on the next
@@ -81,6 +82,7 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
     from scheduler.cycle import run_cycle
     from scheduler.db import Database
     from scheduler.leader import holds, try_lead
+    from scheduler.nudge import nudge_nodes
 
     db = Database(settings.db_url)
     clock = Clock()
@@ -100,8 +102,8 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
                     log.info("%s the scheduling lease (%s)", "took" if now_leading else "lost", server_id)
                 leading = now_leading
                 if leading:
-                    run_cycle(db, settings, now, leader=server_id,
-                              fence=lambda: holds(db, server_id, clock.now()), clock=clock.now)
+                    run_cycle(db, settings, now, leader=server_id, fence=lambda: holds(db, server_id, clock.now()),
+                              clock=clock.now, nudge=lambda nodes: nudge_nodes(db, nodes))
             except Exception:
                 log.exception("cycle failed")
             conn.send(leading)

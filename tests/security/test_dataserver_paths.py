@@ -153,3 +153,21 @@ def test_upload_tickets_are_for_one_node_and_one_checksum(server: tuple[DataServ
     assert send(srv, "PUT", f"/shards/tiny/5?sha256={sha}", good, payload)[0] == 201
     assert (data / "tiny" / "00005.shard").read_bytes() == payload
     assert not [p for p in os.listdir(data / "tiny") if ".part" in p]
+
+
+def test_a_nudge_needs_the_servers_ticket_for_this_node(tmp_path: Path) -> None:
+    nudged: list[bool] = []
+    srv = DataServer("127.0.0.1", 0, tmp_path, "n1", lambda: KEY, lambda *a: None, on_nudge=lambda: nudged.append(True))
+    srv.start()
+    try:
+        assert send(srv, "POST", "/nudge")[0] == 403  # no ticket
+        assert send(srv, "POST", "/nudge", get_ticket("nudge", "n2"))[0] == 403  # another node's
+        assert send(srv, "POST", "/nudge", get_ticket("nudge", "n1", age_s=3600))[0] == 403  # stale
+        assert send(srv, "POST", "/nudge", {"X-Gsched-Ticket": ticket("not the key", "nudge", "n1", int(time.time())),
+                                            "X-Gsched-Time": str(int(time.time()))})[0] == 403  # forged
+        assert nudged == []
+        assert send(srv, "POST", "/nudge", get_ticket("nudge", "n1"))[0] == 200
+        assert nudged == [True]
+        assert send(srv, "POST", "/shards/tiny/0", get_ticket("nudge", "n1"))[0] == 404
+    finally:
+        srv.stop()
