@@ -25,14 +25,6 @@ from scheduler.policy_config import PolicyConfig
 SHA = "ab" * 32
 
 
-@pytest.fixture
-def db(db_url: str) -> Database:
-    d = Database(db_url)
-    d.upgrade()
-    yield d
-    d.dispose()
-
-
 def events(db: Database) -> list[str]:
     with db.read() as s:
         return sorted(s.scalars(select(Event.message).where(Event.kind == "test")))

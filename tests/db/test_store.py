@@ -30,14 +30,6 @@ ADMIN = Identity("admin", "admin")
 ALICE = Identity("user", "alice")
 
 
-@pytest.fixture
-def db(db_url: str) -> Database:
-    d = Database(db_url)
-    d.upgrade()
-    yield d
-    d.dispose()
-
-
 def settings(**policy) -> Settings:  # type: ignore[no-untyped-def]
     return Settings(heartbeat_ttl_s=10.0, policy=replace(PolicyConfig(locality_wait_s=0), **policy))
 
