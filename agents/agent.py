@@ -27,7 +27,7 @@ from agents.inventory import ShardInventory, cpu_count, detect_devices, free_byt
 from agents.launcher import RankRunner
 from agents.shardfile import shard_path
 from agents.staging import StagingError, fetch
-from scheduler.auth import ticket
+from scheduler.auth import ticket_headers
 
 log = logging.getLogger("gsched.agent")
 FULL_INVENTORY_EVERY_S = 10.0
@@ -156,15 +156,14 @@ class Agent:
         for node, address in list(self.peers.items()):
             if node == self.node:
                 continue
-            ts = int(time.time())
             name = path.name
             try:
                 checkpoint_path(self.data_dir, job_id, name)
                 with open(path, "rb") as f:
                     req = urllib.request.Request(
                         f"http://{address}/checkpoints/{job_id}/{name}", data=f, method="PUT",
-                        headers={"X-Gsched-Ticket": ticket(self.peer_key, "ckpt", job_id, name, ts),
-                                 "X-Gsched-Time": str(ts), "Content-Length": str(path.stat().st_size),
+                        headers={**ticket_headers(self.peer_key, "ckpt", job_id, name),
+                                 "Content-Length": str(path.stat().st_size),
                                  "X-Gsched-Keep": str(max(0, int(keep)))})
                     with urllib.request.urlopen(req, timeout=60):
                         pass

@@ -65,9 +65,7 @@ class RankRunner(threading.Thread):
         changed = value != self._state
         self._state = value
         if changed:
-            report_soon = getattr(self.agent, "report_soon", None)
-            if report_soon is not None:
-                report_soon()
+            self.agent.report_soon()
 
     # ------------------------------------------------------------ called by the agent
     def update(self, assignment: dict[str, Any]) -> None:

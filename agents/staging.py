@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from scheduler.auth import ticket
+from scheduler.auth import ticket_headers
 
 CHUNK = 1 << 20
 
@@ -26,10 +26,7 @@ def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: P
     peer refuses, the connection breaks, or the bytes do not hash to ``sha256``; ``dest`` is then
     untouched.
     """
-    ts = int(time.time())
-    req = urllib.request.Request(f"http://{address}/{resource}",
-                                 headers={"X-Gsched-Ticket": ticket(peer_key, *ticket_parts, ts),
-                                          "X-Gsched-Time": str(ts)})
+    req = urllib.request.Request(f"http://{address}/{resource}", headers=ticket_headers(peer_key, *ticket_parts))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".fetch{os.getpid()}")
     digest = hashlib.sha256()

@@ -115,10 +115,7 @@ def create_app(ctx: Any) -> FastAPI:
     def who(request: Request) -> Identity:
         token = bearer(request)
         with db.read() as s:
-            ident = svc.authenticate(s, token)
-        if ident is None:
-            raise Unauthorized("invalid token")
-        return ident
+            return known(s, token)
 
     def person(request: Request) -> Identity:
         """A user or admin; agent tokens are refused (403) everywhere but their heartbeat."""

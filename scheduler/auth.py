@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 USER_PREFIX = "gsu_"
@@ -52,6 +53,12 @@ def ticket(peer_key: str, *parts: object) -> str:
     """An HMAC over ``parts``: what one agent shows another (or the CLI shows an agent) to be let in."""
     msg = "\x1f".join(str(p) for p in parts).encode()
     return hmac.new(peer_key.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def ticket_headers(peer_key: str, *parts: object) -> dict[str, str]:
+    """The headers a data server checks (``X-Gsched-Ticket`` over ``parts`` and now, ``X-Gsched-Time``)."""
+    ts = int(time.time())
+    return {"X-Gsched-Ticket": ticket(peer_key, *parts, ts), "X-Gsched-Time": str(ts)}
 
 
 def check_ticket(peer_key: str, given: str, *parts: object) -> bool:

@@ -6,8 +6,8 @@ time waited for it: one agent alone saw a p99 of about 100 ms.  The cycle reads 
 database, so it moves to a child process: the server's timer (APScheduler) still decides when a cycle
 runs and sends the child one message per cycle; the child takes or renews the scheduling lease, runs
 ``run_cycle`` (which nudges the agents it bound ranks on: ``scheduler/nudge.py``) and answers whether
-it leads.  Writes of the two processes are serialised by the
-database (SQLite's lock, taken when a write session begins; PostgreSQL's row locks).
+it leads.  Writes of the two processes are serialised: under SQLite by ``Database``'s writer lock
+(a ``flock``) and ``BEGIN IMMEDIATE``, under PostgreSQL by its row locks.
 
 The child is started with ``spawn`` (no copy of the server's threads or sockets), restarted on the next
 cycle if it dies, and exits when the server closes its end of the pipe or dies.

@@ -12,11 +12,10 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-import time
 
 from sqlalchemy import select
 
-from scheduler.auth import ticket
+from scheduler.auth import ticket_headers
 from scheduler.db import Database
 from scheduler.models import Node
 from scheduler.service import get_setting
@@ -46,11 +45,9 @@ def _nudge(node: str, address: str, key: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         return
-    ts = int(time.time())
     conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=TIMEOUT_S)
     try:
-        conn.request("POST", "/nudge", headers={"X-Gsched-Ticket": ticket(key, "nudge", node, ts),
-                                                 "X-Gsched-Time": str(ts), "Content-Length": "0"})
+        conn.request("POST", "/nudge", headers={**ticket_headers(key, "nudge", node), "Content-Length": "0"})
         conn.getresponse().read()
     except OSError as e:
         log.debug("nudge to %s (%s) failed: %s", node, address, e)

@@ -30,7 +30,7 @@ class ServerContext:
     db: Database
     clock: Clock = field(default_factory=Clock)
     scheduler: Any = None
-    cycler: Any = None  # the CycleProcess, when cycles run in one (serve)
+    cycler: Any = None  # the CycleProcess that runs the cycles, set by serve
     heartbeats: Any = None  # WriteBatchers, made by create_app
     submits: Any = None
     server_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
@@ -72,29 +72,16 @@ class ServerContext:
             pass
 
     def cycle(self) -> None:
-        """One cycle: in the cycle process when the server runs one (``serve``), else in this thread."""
+        """One cycle, run by the cycle process (``serve`` sets ``cycler``; scheduler/cycleproc.py)."""
         if not self._cycle_lock.acquire(blocking=False):
             return
         import time
 
         started = time.monotonic()
         try:
-            if self.cycler is not None:
-                leading = self.cycler.run()
-                if leading is not None:
-                    self._leader = leading
-                return
-            from scheduler.cycle import run_cycle
-            from scheduler.leader import holds, try_lead
-
-            now = self.clock.now()
-            leading = try_lead(self.db, self.server_id, now, self.settings.lease_ttl_s)
-            if leading != self._leader:
-                log.info("%s the scheduling lease (%s)", "took" if leading else "lost", self.server_id)
-            self._leader = leading
-            if leading:
-                run_cycle(self.db, self.settings, now, leader=self.server_id,
-                          fence=lambda: holds(self.db, self.server_id, self.clock.now()), clock=self.clock.now)
+            leading = self.cycler.run()
+            if leading is not None:  # None: the child died; the lease stays as it was until it expires
+                self._leader = leading
         except Exception:
             log.exception("cycle failed")
         finally:

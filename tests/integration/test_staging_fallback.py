@@ -31,6 +31,10 @@ class StandInAgent:
         self.data_dir = data_dir
         self.peer_key = KEY
         self.noted: list[tuple[str, int, str]] = []
+        self.reports = 0
+
+    def report_soon(self) -> None:
+        self.reports += 1
 
     def local_sha(self, dataset: str, shard: int, path: Path) -> str | None:
         return None  # nothing on this node yet
