@@ -5,7 +5,8 @@ Cluster and data model (our assumptions, see ``scheduler/simulate.py`` for the m
 - ``philly_5000.csv``: 64 nodes x 8 devices in 4 racks (512 devices);
   ``itp_5000.csv``: 192 nodes x 8 devices in 6 racks (1,536 devices; its demand is ~1,400 devices
   on average over its window, Philly's ~660 but mostly from a few very long jobs);
-- data: 40 data sets of 16 shards x 512 MB (8 GB each), 3 replicas placed by ``place_replicas``,
+- data: 40 data sets of 16 shards x 512 MB (8 GB each), 3 replicas placed by ``place_replicas``
+  (each copy whole on one node),
   Zipf(1.1) popularity; staged shards stay cached on the node (LRU, 200 GB per node) as the agent
   keeps them; one device per rank; seed 0; cycles every 10 simulated seconds; no failures.
 

@@ -335,9 +335,11 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     budget = concurrency - inflight
     if budget <= 0:
         return 0
-    up = [(name, rack) for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == "up").order_by(Node.name))]
+    rows = s.execute(select(Node.name, Node.rack, Node.free_bytes).where(Node.state == "up").order_by(Node.name)).all()
+    up = [(name, rack) for name, rack, _ in rows]
     if not up:
         return 0
+    room = {name: free for name, _, free in rows if free and free > 0}  # 0: not reported yet
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running"))))}
@@ -345,10 +347,16 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     node_bytes: dict[str, int] = defaultdict(int)
     sizes = {(ds, i): size for ds, i, size in s.execute(select(Shard.dataset, Shard.index, Shard.bytes))}
     reps: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
+    # Bytes of each data set per node (healthy copies and copies on their way): a lost node's shards
+    # are re-made together on one node (place_replicas' group rule), not scattered shard by shard.
+    ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for ds, i, node, state in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state)):
         reps[(ds, i)].append((node, state))
         if state == "healthy" and node in up_names:
             node_bytes[node] += sizes.get((ds, i), 0)
+            ds_bytes[ds][node] += sizes.get((ds, i), 0)
+    for ds, i, dst in inflight_keys:
+        ds_bytes[ds][dst] += sizes.get((ds, i), 0)
     required = dict(s.execute(select(Dataset.name, Dataset.replicas_required)).all())
     racks = dict(up)
     made = 0
@@ -365,7 +373,9 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
         # Nodes holding a corrupt or missing copy come first: repair in place.
         repair = [node for node, state in rs if state in ("corrupt", "missing") and node in up_names
                   and node not in have]
-        plan = place_replicas([(index, size)], up, want, existing={index: have}, node_bytes=node_bytes)
+        group = {n: b - (size if n in have else 0) for n, b in ds_bytes[ds].items()}
+        plan = place_replicas([(index, size)], up, want, existing={index: have}, node_bytes=node_bytes,
+                              group_bytes=group, room=room)
         targets = [n for n in plan.get(index, []) if n not in have]
         targets = sorted(targets, key=lambda n: (n not in repair, n))
         for dst in targets[: want - len(have)]:
@@ -376,6 +386,9 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
                            state="pending", created_at=now))
             inflight_keys.add((ds, index, dst))
             node_bytes[dst] += size
+            ds_bytes[ds][dst] += size
+            if dst in room:
+                room[dst] -= size
             record(s, now, "server", "replica.copy", f"{ds}/{index}: {src} -> {dst}", node=dst)
             made += 1
     return made

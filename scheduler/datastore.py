@@ -1,9 +1,10 @@
 """Data sets on the server side: register a manifest, plan replica placement, change R.
 
 The server never touches shard bytes.  ``register_dataset`` stores the manifest, places R copies of
-each shard on up nodes (``scheduler.replicas.place_replicas``: rack-aware, balanced by bytes) and
-answers with one upload per copy: the agent's address and a ticket (HMAC from the peer key) that lets
-the uploader PUT exactly that shard with exactly that checksum on exactly that node.
+each shard on up nodes (``scheduler.replicas.place_replicas``: each copy whole on one node where it
+fits, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
+ticket (HMAC from the peer key) that lets the uploader PUT exactly that shard with exactly that
+checksum on exactly that node.
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     indexes = [sh.index for sh in body.shards]
     if sorted(indexes) != list(range(len(indexes))):
         raise Unprocessable("shards: indexes must be 0..N-1, each once", "shards")
-    up = [(n.name, n.rack) for n in s.scalars(select(Node).where(Node.state == "up").order_by(Node.name))]
+    up_nodes = list(s.scalars(select(Node).where(Node.state == "up").order_by(Node.name)))
+    up = [(n.name, n.rack) for n in up_nodes]
     if not up:
         raise Conflict("no node is up: start agents first (gsched agent ...)")
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
                   replicas_required=body.replicas, owner=who.name, created_at=now))
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
-    plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, node_bytes=_node_bytes(s))
+    room = {n.name: n.free_bytes for n in up_nodes if n.free_bytes and n.free_bytes > 0}  # 0: not reported
+    plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas,
+                          node_bytes=_node_bytes(s), room=room)
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

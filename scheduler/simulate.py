@@ -21,10 +21,10 @@ The model (every assumption is ours; the traces carry no data or model informati
 - **Data** (``--data datasets=40,shards=16,shard_mb=512,zipf=1.1,replicas=3,vary=0,cache_gb=0``):
   ``datasets`` data sets ``d000``... of ``shards`` shards of ``shard_mb`` MB (times a per-data-set
   factor drawn uniformly from ``[1-vary, 1+vary]``).  Their ``replicas`` copies are placed by
-  :func:`scheduler.replicas.place_replicas` (the code of ``gsched data``), data set by data set,
-  balancing bytes across nodes.  Each job reads one data set drawn with Zipf popularity
-  (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by ``--seed``, so every policy sees the same
-  jobs reading the same data.  ``cache_gb`` > 0 keeps staged shards on the destination node as extra
+  :func:`scheduler.replicas.place_replicas` (the code of ``gsched data``), data set by data set:
+  each copy whole on one node, the copies on the least-loaded nodes by bytes.  Each job reads one
+  data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
+  ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps staged shards on the destination node as extra
   copies (as the agent does), at most that many GB per node, least recently used evicted first; 0 (the
   default) discards them after the job, i.e. every job stages its missing bytes again.
 - **Run time** = staging time + remaining trace duration.  Staging time is the bound candidate's
@@ -43,7 +43,8 @@ The model (every assumption is ours; the traces carry no data or model informati
   on it go back to pending (a restart) and keep only the progress of their last checkpoint (every
   ``checkpoint_s`` seconds of running; 0: none, all progress is lost).  If the node is still down
   ``rereplicate_s`` after it failed, each shard that lost a copy gets a new one, placed by
-  ``place_replicas`` over the up nodes (copied instantly; its bytes are counted apart from jobs').
+  ``place_replicas`` over the up nodes, a data set's lost shards together on one node (copied
+  instantly; its bytes are counted apart from jobs').
 
 Metrics (per policy)
 --------------------
@@ -551,21 +552,24 @@ class Simulation:
         if not up:
             return
         node_bytes: dict[str, int] = dict.fromkeys(self.up, 0)
+        ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for k, holders in self.homes.items():
             for n in holders:
                 if n in node_bytes:
                     node_bytes[n] += self.shard_bytes[k]
+                    ds_bytes[k[0]][n] += self.shard_bytes[k]
         for key in sorted(k for k, v in self.homes.items() if node in v):
             live = [n for n in self.homes[key] if n in self.up]
             if not live or len(live) >= self.data.replicas:
                 continue
             size = self.shard_bytes[key]
             plan = place_replicas([(key[1], size)], up, self.data.replicas, existing={key[1]: live},
-                                  node_bytes=node_bytes)
+                                  node_bytes=node_bytes, group_bytes=ds_bytes[key[0]])
             for n in plan.get(key[1], []):
                 if n not in live:
                     self.homes[key].append(n)
                     node_bytes[n] += size
+                    ds_bytes[key[0]][n] += size
                     self.replication_bytes += size
         self._replica_view = None
 

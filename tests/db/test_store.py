@@ -278,3 +278,34 @@ def test_exactly_one_server_holds_the_cycle_lease(db: Database) -> None:
     assert try_lead(db, "b", now=8.5, ttl_s=5) is False  # a renewed until 9.0
     assert try_lead(db, "b", now=9.5, ttl_s=5) is True  # expired: b takes over
     assert not holds(db, "a", 9.6) and try_lead(db, "a", now=9.6, ttl_s=5) is False
+
+
+def test_a_lost_nodes_shards_are_copied_again_together_onto_one_node_with_room(db: Database) -> None:
+    """Re-replication keeps a data set's copy whole: the shards a dead node held all go to one node (in
+    another rack than the surviving copy), and a node whose agent reports too little free disk is passed
+    over."""
+    from scheduler.cycle import schedule_replication
+    from scheduler.models import Node, Transfer
+
+    clock = FakeClock(1000.0)
+    with db.session() as s:
+        s.add(Dataset(name="big", source="test", classes=2, image_shape=[8, 8, 1], replicas_required=2,
+                      owner="admin", created_at=0))
+        for i in range(4):
+            s.add(Shard(dataset="big", index=i, bytes=1000, sha256=SHA, samples=10))
+    whole = [{"dataset": "big", "shard": i, "bytes": 1000, "sha256": SHA} for i in range(4)]
+    layout = {"n1": ("r1", whole), "n2": ("r2", []), "n3": ("r3", whole), "n4": ("r3", []), "n5": ("r2", [])}
+    for node, (rack, reps) in layout.items():
+        with db.session() as s:
+            hb = heartbeat(node, replicas=reps, rack=rack).model_copy(update={"free_bytes": 10**9})
+            if node == "n2":  # the least loaded by name, but its disk is nearly full
+                hb = hb.model_copy(update={"free_bytes": 500})
+            process_heartbeat(s, clock.now(), Identity("agent", node), hb)
+    with db.session() as s:
+        s.get(Node, "n3").state = "down"
+    with db.session() as s:
+        assert schedule_replication(s, clock.now(), concurrency=16) == 4
+    with db.session() as s:
+        planned = [(t.shard, t.src, t.dst) for t in s.scalars(select(Transfer).order_by(Transfer.shard))]
+    # n2 has no room for a shard (500 bytes free): all four go together to n4 (n4 and n5 tie; by name)
+    assert planned == [(i, "n1", "n4") for i in range(4)]

@@ -1,4 +1,5 @@
-"""Replica placement: distinct nodes, rack-aware, balanced by bytes, keeps existing copies."""
+"""Replica placement: distinct nodes, rack-aware, each copy of a data set kept whole on one node where it
+fits, balanced by bytes across data sets, keeps existing copies, re-makes a lost node's shards together."""
 
 from scheduler.replicas import place_replicas
 
@@ -13,18 +14,55 @@ def test_copies_on_distinct_nodes_and_never_all_in_one_rack() -> None:
     for copies in placed.values():
         assert len(copies) == 2 and len(set(copies)) == 2
         assert len({rack[n] for n in copies}) == 2  # r2 has only d: every shard has a copy on d
-    # 16 copies: d takes 8 (one of each shard), a, b, c share the other 8 (3, 3, 2 by name order)
-    load = {n: sum(n in c for c in placed.values()) for n, _ in TWO_RACKS}
-    assert load == {"a": 3, "b": 3, "c": 2, "d": 8}
 
 
-def test_balanced_by_bytes_with_ties_broken_by_name() -> None:
-    # one copy each, largest first, to the least-loaded node (ties by name):
-    # shard 1 (3 GB) -> a; shard 2 (2 GB) -> b; shard 0 (1 GB) -> c; shard 3: a=3, b=2, c=1 GB -> c
-    placed = place_replicas(
-        [(0, GB), (1, 3 * GB), (2, 2 * GB), (3, GB)], [("c", "r"), ("b", "r"), ("a", "r")], 1
-    )
-    assert placed == {1: ["a"], 2: ["b"], 0: ["c"], 3: ["c"]}
+def test_each_copy_of_a_data_set_is_whole_on_one_node() -> None:
+    # 8 shards x 2 copies: the first copy on the least-loaded node (a, by name), the second in the
+    # other rack (d); every later shard joins them, so a and d each hold the whole set
+    placed = place_replicas([(i, GB) for i in range(8)], TWO_RACKS, replicas=2)
+    assert placed == {i: ["a", "d"] for i in range(8)}
+
+
+def test_data_sets_are_balanced_by_bytes_with_ties_broken_by_name() -> None:
+    nodes = [("c", "r"), ("b", "r"), ("a", "r")]
+    load = dict.fromkeys("abc", 0)
+    homes = []
+    # three data sets of one copy: 3 GB, 2 GB, 1 GB -> a, b, c (least loaded, ties by name); a fourth
+    # of 1 GB goes to c (a=3, b=2, c=1 GB)
+    for size in (3, 2, 1, 1):
+        placed = place_replicas([(0, size * GB)], nodes, 1, node_bytes=load)
+        (home,) = {n for copies in placed.values() for n in copies}
+        load[home] += size * GB
+        homes.append(home)
+    assert homes == ["a", "b", "c", "c"]
+
+
+def test_a_copy_that_does_not_fit_spills_over_to_the_next_least_loaded_node() -> None:
+    nodes = [("a", "r"), ("b", "r"), ("c", "r")]
+    # a has room for 2 of the 4 one-GB shards: the rest continue together on b (next least loaded)
+    placed = place_replicas([(i, GB) for i in range(4)], nodes, 1, room={"a": 2 * GB},
+                            node_bytes={"a": 0, "b": 1, "c": 2})
+    assert placed == {0: ["a"], 1: ["a"], 2: ["b"], 3: ["b"]}
+    # nobody has room: best effort on the least-loaded node rather than no copy
+    assert place_replicas([(0, GB)], nodes, 1, room={"a": 0, "b": 0, "c": 0}) == {0: ["a"]}
+
+
+def test_a_lost_nodes_shards_are_made_again_together_on_one_node() -> None:
+    nodes = [("a", "r1"), ("b", "r1"), ("c", "r2"), ("d", "r2")]
+    # data set of 4 shards held whole on a and c; c died.  Shard by shard (as re-replication asks),
+    # with the data set's bytes per node passed as group_bytes, all four land on one node (d: the other
+    # rack, since a is in r1), not scattered over b and d.
+    group = {"a": 4 * GB}
+    load = {"a": 4 * GB, "b": 0, "d": 0}
+    out = []
+    for i in range(4):
+        plan = place_replicas([(i, GB)], nodes[:2] + nodes[3:], 2, existing={i: ["a"]}, node_bytes=load,
+                              group_bytes=group)
+        (new,) = [n for n in plan[i] if n != "a"]
+        group[new] = group.get(new, 0) + GB
+        load[new] += GB
+        out.append(new)
+    assert out == ["d", "d", "d", "d"]
 
 
 def test_keeps_existing_copies_and_adds_only_missing_ones() -> None:
