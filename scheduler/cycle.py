@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Integer, Table, bindparam, delete, func, select
+from sqlalchemy import Integer, Table, bindparam, delete, func, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
@@ -88,7 +88,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         snap = phase("snapshot", lambda: build_snapshot(s, now))
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
     report.counts["pending"] = len(snap.pending)
-    if fence is not None and decision.bindings and not fence():
+    if fence is not None and (decision.bindings or decision.waiting) and not fence():
         log.warning("lost the scheduling lease during the cycle: binding nothing")
         return report
     placed: set[str] = set()
@@ -100,6 +100,11 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
     report.counts["bound"] = len(report.bound)
     if nudge is not None and placed:
         nudge(sorted(placed))
+    started = sorted(set(decision.waiting) & _new_waits(snap))
+    if started:  # the locality wait counts from the first cycle a job waited (policies.twostage)
+        with db.session() as s:
+            s.execute(update(Job).where(Job.id.in_(started), Job.state == st.PENDING,
+                                        Job.locality_wait_since.is_(None)).values(locality_wait_since=now))
     with db.session() as s:
         report.counts["replications"] = phase(
             "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
@@ -111,6 +116,11 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         _last_thinned[db.url] = now
     log.info("cycle: %s %s", report.counts, {k: round(v * 1000, 1) for k, v in report.durations_s.items()})
     return report
+
+
+def _new_waits(snap: Snapshot) -> set[int]:
+    """Pending jobs that had not waited for locality yet in their current pending spell."""
+    return {j.id for j in snap.pending if j.waiting_since_s is None}
 
 
 # ------------------------------------------------------------------ 1. expire
@@ -210,7 +220,7 @@ def build_snapshot(s: Session, now: float) -> Snapshot:
                                       .where(Checkpoint.job_id.in_(pending_ids))
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
-    pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since)
+    pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since)
                              .where(Job.state == st.PENDING).order_by(Job.id)).all()
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
@@ -219,11 +229,12 @@ def build_snapshot(s: Session, now: float) -> Snapshot:
     running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at).where(Job.id.in_(list(by_job)))).all()
     shapes = _job_shapes(s, [(r[0], r[1]) for r in pending_rows] + [(r[0], r[1]) for r in running_rows])
     pending = []
-    for job_id, submitted_at, pending_since in pending_rows:
+    for job_id, submitted_at, pending_since, waiting_since in pending_rows:
         shape = shapes[job_id]
         pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
                                dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,
-                               time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ())))
+                               time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ()),
+                               waiting_since_s=waiting_since))
     running = []
     for job_id, _submitted, started_at in running_rows:
         start = started_at or now
@@ -297,6 +308,7 @@ def bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Any = None
         now = max(now, clock())
     job.attempt += 1
     st.transition(job, st.BOUND, f"bound to {', '.join(cand.nodes)}")
+    job.locality_wait_since = None
     job.master_port = None
     job.transfer_bytes = cand.transfer_bytes
     job.transfer_cost_ms = cand.transfer_cost_ms

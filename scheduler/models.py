@@ -113,6 +113,9 @@ class Job(Base):
     client_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     submitted_at: Mapped[float] = mapped_column(Float)
     pending_since: Mapped[float] = mapped_column(Float)
+    # When the job first waited for locality in its current pending spell (None: it has not): the
+    # locality wait counts from here, not from pending_since (see policies.twostage).
+    locality_wait_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)  # bumps at every bind

@@ -73,6 +73,8 @@ class Decision:
     ``order``: pending job ids in the order the arbiter took them (by priority, highest first;
     ``twostage`` breaks near-ties by transfer cost); ``factors``: job id -> fair-share factor.
     ``reservation``: (job id, node -> devices, start_s) held for the top job that does not fit, if any.
+    ``waiting``: job id -> when it began waiting for locality, for the jobs that wait this cycle (the
+    caller stores the start of a new wait and hands it back in the next snapshots).
     ``durations_s``: phase name -> seconds (filled by ``scheduler.decide.decide``).
     """
 
@@ -83,6 +85,7 @@ class Decision:
     factors: dict[int, float] = field(default_factory=dict)
     priorities: dict[int, float] = field(default_factory=dict)
     reservation: tuple[int, dict[str, int], float] | None = None
+    waiting: dict[int, float] = field(default_factory=dict)
     # Phase durations measured by ``scheduler.decide`` ("index", "stage1", "stage2"), in seconds.
     # For reports only: no decision ever depends on them.
     durations_s: dict[str, float] = field(default_factory=dict)

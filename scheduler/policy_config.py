@@ -17,8 +17,9 @@ class PolicyConfig:
     fairshare_weight: float = 1000.0
     age_weight: float = 100.0
     age_max_s: float = 7 * 24 * 3600.0  # age factor saturates at 1.0 after this long pending
-    # Delay scheduling: wait up to locality_wait_s for a candidate costing at most
-    # locality_threshold_ms before accepting a costlier one.
+    # Delay scheduling: wait up to locality_wait_s (from the first cycle the job waited, not from
+    # its submission) for a candidate costing at most locality_threshold_ms before accepting a
+    # costlier one.
     # 10 s: in trace replays most waits that end local do so within 10-20 s; longer ones mostly
     # expire (holders run long jobs) and only add queueing (benchmarks/RESULTS.md, quality).
     locality_wait_s: float = 10.0

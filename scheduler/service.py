@@ -283,6 +283,7 @@ def requeue_job(s: Session, now: float, job: Job, reason: str) -> None:
     st.transition(job, st.PENDING, f"requeued: {reason}")
     job.restarts += 1
     job.pending_since = now
+    job.locality_wait_since = None
     job.master_port = None
     record(s, now, "server", "job.requeue", f"{reason} (restart {job.restarts})", job_id=job.id)
 

@@ -33,7 +33,7 @@ The model (every assumption is ours; the traces carry no data or model informati
 - **Cycles**: like the server's periodic cycle, decisions happen on ticks of ``--cycle-s`` simulated
   seconds (default 10).  A cycle is scheduled at the next tick after anything changes (arrival,
   completion, failure, recovery, re-replication) and at the tick after a pending job's locality wait
-  expires.  A cycle that cannot bind anything (no pending job needs at most the free devices; every
+  expires (the arbiter's ``waiting`` starts are kept per job, as the server keeps them).  A cycle that cannot bind anything (no pending job needs at most the free devices; every
   rank has one device) is skipped: it could not change anything.
 - **Fair share**: usage is decayed as the server's ``update_usage`` does (:func:`fairshare.decay`
   with ``usage_half_life_s``) and charged the devices each user holds; every user has one share.
@@ -72,7 +72,7 @@ import random
 import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -451,7 +451,12 @@ class Simulation:
         _, decision = decide(snap, self.cfg)
         for job_id in sorted(decision.bindings):
             self._bind(self.pending[job_id], decision.bindings[job_id], now)
-        wake = [j.pending_since_s + self.cfg.locality_wait_s for j in self.pending.values()]
+        for job_id, since in decision.waiting.items():  # kept until the job binds or is requeued
+            job = self.pending[job_id]
+            if job.view is not None and job.view.waiting_since_s is None:
+                job.view = replace(job.view, waiting_since_s=since)
+        wake = [j.view.waiting_since_s + self.cfg.locality_wait_s for j in self.pending.values()
+                if j.view is not None and j.view.waiting_since_s is not None]
         later = [w for w in wake if w > now]
         if later:
             self._request_cycle(min(later))
@@ -660,8 +665,6 @@ def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None
     ``cfg`` gives the other policy knobs (its ``arbiter`` is replaced by ``policy``).  Pure apart from
     CPU time: the same arguments give the same result.
     """
-    from dataclasses import replace
-
     from policies.registry import get_arbiter
 
     try:

@@ -35,7 +35,8 @@ class JobView:
     """A pending job.
 
     ``pending_since_s`` is when the job last became pending (submit, or requeue after a node loss):
-    the locality wait and the age factor count from it.  ``submit_s`` keeps the original order.
+    the age factor counts from it.  ``waiting_since_s`` is when it first waited for locality since
+    then (None: not yet): the locality wait counts from it.  ``submit_s`` keeps the original order.
     ``prefer_nodes`` are nodes that hold the job's last checkpoint (resume is cheaper there).
     """
 
@@ -48,6 +49,7 @@ class JobView:
     pending_since_s: float
     time_limit_s: float
     prefer_nodes: tuple[str, ...] = ()
+    waiting_since_s: float | None = None
 
     @property
     def devices(self) -> int:

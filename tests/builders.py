@@ -36,6 +36,7 @@ def job(
     pending_since_s: float | None = None,
     time_limit_s: float = 3600.0,
     prefer_nodes: tuple[str, ...] = (),
+    waiting_since_s: float | None = None,
 ) -> JobView:
     return JobView(
         id=id,
@@ -47,6 +48,7 @@ def job(
         pending_since_s=submit_s if pending_since_s is None else pending_since_s,
         time_limit_s=time_limit_s,
         prefer_nodes=prefer_nodes,
+        waiting_since_s=waiting_since_s,
     )
 
 

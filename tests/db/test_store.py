@@ -59,9 +59,9 @@ SPEC = {"name": "j", "resources": {"ranks": 2, "gpus_per_rank": 1}, "data": {"da
 
 
 def test_migrations_bring_an_empty_database_to_head(db: Database) -> None:
-    assert db.current_revision() == "0002"
+    assert db.current_revision() == "0003"
     db.upgrade()  # idempotent
-    assert db.current_revision() == "0002"
+    assert db.current_revision() == "0003"
 
 
 def test_upgrade_from_the_previous_revision_keeps_every_row(db_url: str) -> None:
@@ -77,10 +77,11 @@ def test_upgrade_from_the_previous_revision_keeps_every_row(db_url: str) -> None
         conn.execute(text("INSERT INTO cluster_samples (time, devices_total, devices_busy, pending, running, durations) "
                           "VALUES (7.0, 4, 2, 1, 1, '{}')"))
     d.upgrade()
-    assert d.current_revision() == "0002"
+    assert d.current_revision() == "0003"
     with d.engine.connect() as conn:
         assert conn.execute(text("SELECT name, shares FROM users")).all() == [("alice", 2.0)]
-        assert conn.execute(text("SELECT name, state, submitted_at FROM jobs")).all() == [("j", "PENDING", 5.0)]
+        assert conn.execute(text("SELECT name, state, submitted_at, locality_wait_since FROM jobs")).all() == [
+            ("j", "PENDING", 5.0, None)]
         assert conn.execute(text("SELECT devices_busy, leader FROM cluster_samples")).all() == [(2, "")]
         assert conn.execute(text("SELECT count(*) FROM leases")).scalar() == 0
     d.dispose()
@@ -309,3 +310,41 @@ def test_a_lost_nodes_shards_are_copied_again_together_onto_one_node_with_room(d
         planned = [(t.shard, t.src, t.dst) for t in s.scalars(select(Transfer).order_by(Transfer.shard))]
     # n2 has no room for a shard (500 bytes free): all four go together to n4 (n4 and n5 tie; by name)
     assert planned == [(i, "n1", "n4") for i in range(4)]
+
+
+def test_the_cycle_keeps_when_a_job_began_waiting_for_locality_and_clears_it_at_bind(db: Database) -> None:
+    """The locality wait counts from the first cycle the job waited (stored on the job), not from its
+    submission: a job queued for a long time still gets its whole wait once it could run elsewhere."""
+    clock = FakeClock(1000.0)
+    with db.session() as s:
+        svc.add_user(s, clock.now(), None, "alice", 1)
+        s.add(Dataset(name="d", source="test", classes=2, image_shape=[8, 8, 1], replicas_required=1,
+                      owner="alice", created_at=0))
+        for i in (0, 1):
+            s.add(Shard(dataset="d", index=i, bytes=1000, sha256=SHA, samples=10))
+    whole = [{"dataset": "d", "shard": i, "bytes": 1000, "sha256": SHA} for i in (0, 1)]
+    for node, reps in (("n1", whole), ("n2", [])):
+        with db.session() as s:
+            process_heartbeat(s, clock.now(), Identity("agent", node), heartbeat(node, replicas=reps))
+    one = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+    with db.session() as s:
+        first, _ = svc.submit_job(s, clock.now(), ALICE, one, None)
+    cfg = Settings(heartbeat_ttl_s=1000.0, policy=PolicyConfig(locality_wait_s=30))  # nodes stay up
+    assert run_cycle(db, cfg, clock.advance(1)).bound == [first]  # on n1, where the data is
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, one, None)
+        s.get(Job, job_id).pending_since = 0.0  # as if a backlog had kept it queued since t=0
+    start = clock.advance(1)
+    assert run_cycle(db, cfg, start).bound == []  # n2 is free but would stage: it waits
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.locality_wait_since == start
+        assert job.reason == f"waiting for locality until t={start + 30:.0f}s"
+    assert run_cycle(db, cfg, clock.advance(29)).bound == []
+    with db.session() as s:
+        assert s.get(Job, job_id).locality_wait_since == start  # kept, not restarted
+    assert run_cycle(db, cfg, clock.advance(1)).bound == [job_id]  # the wait is over: n2, staging
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.locality_wait_since is None and job.transfer_bytes == 2000
+        assert [r.node for r in s.scalars(select(Rank).where(Rank.job_id == job_id))] == ["n2"]

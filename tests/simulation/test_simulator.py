@@ -179,7 +179,7 @@ def _store(db: Database, snap: Snapshot) -> None:
                     rank += 1
         for j in snap.pending:
             s.add(Job(id=j.id, name=f"job{j.id}", user=j.user, state=st.PENDING, submitted_at=j.submit_s,
-                      pending_since=j.pending_since_s,
+                      pending_since=j.pending_since_s, locality_wait_since=j.waiting_since_s,
                       spec={"resources": {"ranks": j.ranks, "gpus_per_rank": j.devices_per_rank},
                             "data": {"dataset": j.dataset}, "limits": {"time": j.time_limit_s}}))
 

@@ -64,14 +64,14 @@ def test_lower_usage_user_goes_first() -> None:
     assert d.reasons == {1: "devices busy: needs 1, 0 free; devices reserved for it from t=3605s"}
 
 
-def locality_snapshot(now_s: float):
-    # The data sits on a, which is busy; b (same rack) is free.  Pending since t=100, wait 30 s.
+def locality_snapshot(now_s: float, waiting_since_s: float | None = 100, pending_since_s: float = 100):
+    # The data sits on a, which is busy; b (same rack) is free.  Waiting since t=100, wait 30 s.
     return (
         cluster()
         .node("a", rack="r1", free=0).holds("d", shards=[0])
         .node("b", rack="r1")
         .running(9, "carol", {"a": 4}, end_by_s=10_000)
-        .pending(job(1, dataset="d", submit_s=100))
+        .pending(job(1, dataset="d", submit_s=pending_since_s, waiting_since_s=waiting_since_s))
         .at(now_s)
         .build()
     )  # fmt: skip
@@ -81,13 +81,30 @@ def test_locality_wait_holds_the_job_until_one_second_before_the_deadline() -> N
     _, d = decide(locality_snapshot(129), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
     assert d.bindings == {}
     assert d.reasons == {1: "waiting for locality until t=130s"}
+    assert d.waiting == {1: 100}  # the wait's start, unchanged
 
 
 def test_locality_wait_expires_exactly_when_configured() -> None:
     _, d = decide(locality_snapshot(130), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
-    # at pending_since + wait = 130 it takes the costlier placement: b, staging from a (320 ms)
+    # at waiting_since + wait = 130 it takes the costlier placement: b, staging from a (320 ms)
     assert bound_nodes(d) == {1: {"b": 1}}
     assert d.bindings[1].transfer_cost_ms == 320
+    assert d.waiting == {}
+
+
+def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_submit() -> None:
+    # Pending since t=100 (a backlog kept it queued), never waited: at t=5000 the free device on b is
+    # the first it could take, so it waits from now (5000 -> 5030), not from t=100 (long over).
+    cfg = PolicyConfig(locality_wait_s=30, locality_threshold_ms=0)
+    _, d = decide(locality_snapshot(5000, waiting_since_s=None), cfg)
+    assert d.bindings == {}
+    assert d.waiting == {1: 5000}
+    assert d.reasons == {1: "waiting for locality until t=5030s"}
+    # The caller keeps that start: later cycles wait until 5030 and then take b.
+    _, d = decide(locality_snapshot(5029, waiting_since_s=5000), cfg)
+    assert d.reasons == {1: "waiting for locality until t=5030s"} and d.waiting == {1: 5000}
+    _, d = decide(locality_snapshot(5030, waiting_since_s=5000), cfg)
+    assert bound_nodes(d) == {1: {"b": 1}}
 
 
 def test_no_wait_when_the_cost_is_under_the_threshold() -> None:
