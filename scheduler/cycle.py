@@ -45,7 +45,7 @@ from scheduler.models import (
     User,
 )
 from scheduler.placement_types import Candidate, Decision
-from scheduler.replicas import place_replicas
+from scheduler.replicas import place_replicas, reported_room
 from scheduler.service import finish_job, record, requeue_job
 from scheduler.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
@@ -88,7 +88,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         snap = phase("snapshot", lambda: build_snapshot(s, now))
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
     report.counts["pending"] = len(snap.pending)
-    if fence is not None and (decision.bindings or decision.waiting) and not fence():
+    started = sorted(set(decision.waiting) & _new_waits(snap))  # jobs that began waiting this cycle
+    if fence is not None and (decision.bindings or started) and not fence():
         log.warning("lost the scheduling lease during the cycle: binding nothing")
         return report
     placed: set[str] = set()
@@ -100,7 +101,6 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
     report.counts["bound"] = len(report.bound)
     if nudge is not None and placed:
         nudge(sorted(placed))
-    started = sorted(set(decision.waiting) & _new_waits(snap))
     if started:  # the locality wait counts from the first cycle a job waited (policies.twostage)
         with db.session() as s:
             s.execute(update(Job).where(Job.id.in_(started), Job.state == st.PENDING,
@@ -351,7 +351,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     up = [(name, rack) for name, rack, _ in rows]
     if not up:
         return 0
-    room = {name: free for name, _, free in rows if free and free > 0}  # 0: not reported yet
+    room = reported_room((name, free) for name, _, free in rows)
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running"))))}

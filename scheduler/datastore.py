@@ -19,7 +19,7 @@ from scheduler.api_models import DatasetIn
 from scheduler.auth import Identity, ticket
 from scheduler.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.models import Dataset, Node, Replica, Shard, Transfer
-from scheduler.replicas import place_replicas
+from scheduler.replicas import place_replicas, reported_room
 from scheduler.service import peer_key, record, require_person
 
 
@@ -46,9 +46,8 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
                   replicas_required=body.replicas, owner=who.name, created_at=now))
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
-    room = {n.name: n.free_bytes for n in up_nodes if n.free_bytes and n.free_bytes > 0}  # 0: not reported
     plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas,
-                          node_bytes=_node_bytes(s), room=room)
+                          node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

@@ -3,7 +3,8 @@
 ``open_database(url)`` returns a ``Database`` whose ``session()`` is a context manager giving one
 transaction.  SQLite gets WAL, a busy timeout and foreign keys; writes are serialised with a process
 lock because SQLite allows one writer, and between processes (the server and its cycle process) by a
-``flock`` on ``<database>.writer`` (``_WriterLock``), with ``BEGIN IMMEDIATE`` behind it.  PostgreSQL uses the engine's pool as it is.
+``flock`` on ``<database>.writer`` (``_WriterLock``), with ``BEGIN IMMEDIATE`` behind it.  PostgreSQL
+uses the engine's pool as it is.
 
 Under SQLite every session is one real transaction from its first statement (``BEGIN`` is emitted by
 us, not by the sqlite3 module, which would start it only at the first write): a read session sees one

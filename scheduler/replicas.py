@@ -14,7 +14,7 @@ to 0.945 (Philly) and 0.925 to 0.950 (ITP), and bytes moved from 3.01 to 2.25 TB
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def place_replicas(
@@ -119,3 +119,9 @@ def place_replicas(
             heapq.heappush(heap, (load[chosen], chosen))
         out[idx] = copies
     return out
+
+
+def reported_room(free_bytes: Iterable[tuple[str, int | None]]) -> dict[str, int]:
+    """``place_replicas``' ``room`` from (node, free bytes its agent reported); 0 or None means not
+    reported yet, and such a node is left out (not limited)."""
+    return {name: free for name, free in free_bytes if free and free > 0}

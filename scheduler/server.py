@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,6 @@ class ServerContext:
         sched = self.scheduler
         if sched is None:
             return
-        import time
         from datetime import datetime, timedelta
 
         now = time.monotonic()
@@ -75,8 +75,6 @@ class ServerContext:
         """One cycle, run by the cycle process (``serve`` sets ``cycler``; scheduler/cycleproc.py)."""
         if not self._cycle_lock.acquire(blocking=False):
             return
-        import time
-
         started = time.monotonic()
         try:
             leading = self.cycler.run()

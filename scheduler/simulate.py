@@ -24,17 +24,19 @@ The model (every assumption is ours; the traces carry no data or model informati
   :func:`scheduler.replicas.place_replicas` (the code of ``gsched data``), data set by data set:
   each copy whole on one node, the copies on the least-loaded nodes by bytes.  Each job reads one
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
-  ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps staged shards on the destination node as extra
-  copies (as the agent does), at most that many GB per node, least recently used evicted first; 0 (the
-  default) discards them after the job, i.e. every job stages its missing bytes again.
+  ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
+  staged shards on the destination node as extra copies (as the agent does), at most that many GB
+  per node, least recently used evicted first; 0 (the default) discards them after the job, i.e.
+  every job stages its missing bytes again.
 - **Run time** = staging time + remaining trace duration.  Staging time is the bound candidate's
   ``transfer_cost_ms`` (the cost model's estimate: missing shards fetched one after another at the
   same-rack or cross-rack bandwidth; no link contention).  Devices are held from bind to end.
 - **Cycles**: like the server's periodic cycle, decisions happen on ticks of ``--cycle-s`` simulated
   seconds (default 10).  A cycle is scheduled at the next tick after anything changes (arrival,
   completion, failure, recovery, re-replication) and at the tick after a pending job's locality wait
-  expires (the arbiter's ``waiting`` starts are kept per job, as the server keeps them).  A cycle that cannot bind anything (no pending job needs at most the free devices; every
-  rank has one device) is skipped: it could not change anything.
+  expires (the arbiter's ``waiting`` starts are kept per job, as the server keeps them).  A cycle
+  that cannot bind anything (no pending job needs at most the free devices; every rank has one
+  device) is skipped: it could not change anything.
 - **Fair share**: usage is decayed as the server's ``update_usage`` does (:func:`fairshare.decay`
   with ``usage_half_life_s``) and charged the devices each user holds; every user has one share.
 - **Failures** (``--failures rate=0.5,down_s=3600,checkpoint_s=1800,rereplicate_s=600``): each node
