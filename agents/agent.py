@@ -26,7 +26,7 @@ from agents.dataserver import DataServer, checkpoint_path
 from agents.inventory import ShardInventory, cpu_count, detect_devices, free_bytes
 from agents.launcher import RankRunner
 from agents.shardfile import shard_path
-from agents.staging import StagingError, fetch
+from agents.staging import ShardFlights, StagingError, fetch
 from scheduler.auth import ticket_headers
 
 log = logging.getLogger("gsched.agent")
@@ -57,6 +57,7 @@ class Agent:
         self._threads = threads_per_rank
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)
+        self.flights = ShardFlights()  # one transfer per shard when ranks of this node need it at once
         self.peer_key: str | None = None
         self.peers: dict[str, str] = {}
         self.ranks: dict[tuple[int, int, int], RankRunner] = {}

@@ -201,7 +201,7 @@ class RankRunner(threading.Thread):
         for sh in shards:
             path = shard_path(self.agent.data_dir, sh["dataset"], sh["index"])
             paths.append(str(path))
-            if path.is_file() and self.agent.local_sha(sh["dataset"], sh["index"], path) == sh["sha256"]:
+            if self._on_disk(sh, path):
                 continue
             todo.append((sh, path))
         self.staging_total = sum(int(sh["bytes"]) for sh, _ in todo)
@@ -210,32 +210,46 @@ class RankRunner(threading.Thread):
         for sh, path in todo:
             if self._killed.is_set():
                 break
-            sources = [sh["source_address"]] + [a for a in sh.get("alternates", []) if a != sh["source_address"]]
-            last_error: Exception | None = None
-            for address in sources:
-                if not address:
+            with self.agent.flights.hold(sh["dataset"], sh["index"]):
+                if self._on_disk(sh, path):  # another rank of this node staged it meanwhile
+                    self.staging_total -= int(sh["bytes"])
+                    log.info("job %s: shard %s/%s already staged on this node by another rank", self.key[0],
+                             sh["dataset"], sh["index"])
                     continue
-                try:
-                    def progress(done: int, total: int, rate: float, base: int = done_before) -> None:
-                        self.staged = base + done
-                        self.rate = self.staged / max(time.monotonic() - t0, 1e-6)
-                        self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
-
-                    n = fetch(address, f"shards/{sh['dataset']}/{sh['index']}", ("get", sh["dataset"], sh["index"]),
-                              path, sh["sha256"], self.agent.peer_key or "", progress)
-                    self.agent.note_shard(sh["dataset"], sh["index"], path, sh["sha256"])
-                    done_before += n
-                    last_error = None
-                    break
-                except StagingError as e:
-                    last_error = e
-                    log.warning("job %s: %s; trying another replica", self.key[0], e)
-            if last_error is not None:
-                raise StagingError(f"shard {sh['dataset']}/{sh['index']}: every replica failed; last: {last_error}")
+                done_before = self._fetch(sh, path, done_before, t0)
         if todo:
             self.staging_s = time.monotonic() - t0
             self.staged = done_before
         return paths
+
+    def _on_disk(self, sh: dict[str, Any], path: Path) -> bool:
+        return path.is_file() and self.agent.local_sha(sh["dataset"], sh["index"], path) == sh["sha256"]
+
+    def _fetch(self, sh: dict[str, Any], path: Path, done_before: int, t0: float) -> int:
+        """Stage one shard from its source, else its alternates; returns the bytes staged so far."""
+        sources = [sh["source_address"]] + [a for a in sh.get("alternates", []) if a != sh["source_address"]]
+        last_error: Exception | None = None
+        for address in sources:
+            if not address:
+                continue
+            try:
+                def progress(done: int, total: int, rate: float, base: int = done_before) -> None:
+                    self.staged = base + done
+                    self.rate = self.staged / max(time.monotonic() - t0, 1e-6)
+                    self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
+
+                n = fetch(address, f"shards/{sh['dataset']}/{sh['index']}", ("get", sh["dataset"], sh["index"]),
+                          path, sh["sha256"], self.agent.peer_key or "", progress)
+                self.agent.note_shard(sh["dataset"], sh["index"], path, sh["sha256"])
+                done_before += n
+                last_error = None
+                break
+            except StagingError as e:
+                last_error = e
+                log.warning("job %s: %s; trying another replica", self.key[0], e)
+        if last_error is not None:
+            raise StagingError(f"shard {sh['dataset']}/{sh['index']}: every replica failed; last: {last_error}")
+        return done_before
 
     def _stage_checkpoint(self) -> str | None:
         resume = self.a.get("resume")

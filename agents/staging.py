@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from scheduler.auth import ticket_headers
@@ -16,6 +18,51 @@ CHUNK = 1 << 20
 
 class StagingError(RuntimeError):
     pass
+
+
+class _Flight:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0  # ranks holding or waiting for the lock
+
+
+class ShardFlights:
+    """One transfer per shard per node: ranks that need the same missing shard at the same time (jobs
+    of one data set placed on this node in one cycle) take turns, and whoever comes second finds the
+    shard on disk and reads it from there.  One per agent; ``hold`` blocks while another rank of this
+    node stages that shard."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._flights: dict[tuple[str, int], _Flight] = {}
+
+    @contextmanager
+    def hold(self, dataset: str, index: int) -> Iterator[None]:
+        key = (dataset, index)
+        with self._guard:
+            flight = self._flights.setdefault(key, _Flight())
+            flight.users += 1
+        try:
+            with flight.lock:
+                yield
+        finally:
+            with self._guard:
+                flight.users -= 1
+                if flight.users == 0:
+                    del self._flights[key]
+
+    def waiting(self, dataset: str, index: int) -> int:
+        """How many ranks hold or wait for this shard's turn now."""
+        with self._guard:
+            flight = self._flights.get((dataset, index))
+            return flight.users if flight is not None else 0
+
+    def busy(self) -> int:
+        """How many shards are being staged or waited for now."""
+        with self._guard:
+            return len(self._flights)
 
 
 def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, sha256: str | None,
@@ -28,7 +75,7 @@ def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: P
     """
     req = urllib.request.Request(f"http://{address}/{resource}", headers=ticket_headers(peer_key, *ticket_parts))
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".fetch{os.getpid()}")
+    tmp = dest.with_name(dest.name + f".fetch{os.getpid()}-{threading.get_ident()}")
     digest = hashlib.sha256()
     done = 0
     t0 = last = time.monotonic()
