@@ -27,7 +27,9 @@ The model (every assumption is ours; the traces carry no data or model informati
   ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
   staged shards on the destination node as extra copies (as the agent does), at most that many GB
   per node, least recently used evicted first; 0 (the default) discards them after the job, i.e.
-  every job stages its missing bytes again.
+  every job stages its missing bytes again.  Jobs bound in one cycle that need the same missing
+  shard on the same node move its bytes once (the agent fetches a shard once for every rank of its
+  node that needs it, ``agents.staging.ShardFlights``); the later ones count it as a local read.
 - **Run time** = staging time + remaining trace duration.  Staging time is the bound candidate's
   ``transfer_cost_ms`` (the cost model's estimate: missing shards fetched one after another at the
   same-rack or cross-rack bandwidth; no link contention).  Devices are held from bind to end.
@@ -327,6 +329,7 @@ class Simulation:
         self.capacity_ds = 0.0
         self.read_bytes = 0
         self.moved_bytes = 0
+        self.staged_this_cycle: set[tuple[str, str, int]] = set()  # (node, data set, shard)
         self.cross_bytes = 0
         self.replication_bytes = 0
         self.restarts = 0
@@ -451,6 +454,7 @@ class Simulation:
         self.cycles += 1
         snap = self.snapshot(now)
         _, decision = decide(snap, self.cfg)
+        self.staged_this_cycle = set()
         for job_id in sorted(decision.bindings):
             self._bind(self.pending[job_id], decision.bindings[job_id], now)
         for job_id, since in decision.waiting.items():  # kept until the job binds or is requeued
@@ -484,7 +488,9 @@ class Simulation:
         self._push(job.end_s, _END, (job.id, job.attempt))
         for r in cand.reads:
             self.read_bytes += r.bytes
-            if not r.local:
+            fetched = (r.node, job.dataset, r.shard)
+            if not r.local and fetched not in self.staged_this_cycle:
+                self.staged_this_cycle.add(fetched)  # later jobs of this cycle read it off the node's disk
                 self.moved_bytes += r.bytes
                 if self.racks.get(r.source) != self.racks.get(r.node):
                     self.cross_bytes += r.bytes

@@ -91,6 +91,26 @@ def test_twostage_on_the_same_trace_waits_for_locality_and_orders_by_fair_share(
     assert r.schedule == {"A": (0, 100), "B": (40, 91), "C": (120, 150), "D": (100, 120)}
 
 
+def test_jobs_bound_in_one_cycle_move_a_shard_to_a_node_once(tmp_path: Path) -> None:
+    # Two nodes of 2 devices, one data set of one shard whose only copy is on n0000; fifo; no cache.
+    # A (2 devices) takes n0000 at t=0 (local).  B and C (1 device each) arrive at t=5 and both go to
+    # n0001 at tick 10, each reading the shard from n0000: the agent fetches it once for both, so the
+    # bytes move once and C reads it off n0001's disk.  Reads 3 x 3.125e9, moved 3.125e9: 2/3 local.
+    # With C a cycle later (arriving at t=15, bound at tick 20) and no cache, it is fetched again.
+    cluster, data = ClusterSpec(nodes=2, devices_per_node=2, racks=1), DataSpec(datasets=1, shards=1, shard_mb=3125,
+                                                                                  replicas=1)
+    together = write_trace(tmp_path / "together.csv", [("A", 0, "u1", 2, 100), ("B", 5, "u2", 1, 50),
+                                                        ("C", 5, "u2", 1, 50)])
+    r = simulate(simmod.load_trace(together), "fifo", cluster, data, seed=0, cycle_s=10)
+    assert (r.schedule["B"][0], r.schedule["C"][0]) == (10, 10)
+    assert (r.bytes_moved, r.local_fraction) == (3_125_000_000, pytest.approx(2 / 3, abs=1e-6))
+    apart = write_trace(tmp_path / "apart.csv", [("A", 0, "u1", 2, 100), ("B", 5, "u2", 1, 50),
+                                                  ("C", 15, "u2", 1, 50)])
+    r = simulate(simmod.load_trace(apart), "fifo", cluster, data, seed=0, cycle_s=10)
+    assert (r.schedule["B"][0], r.schedule["C"][0]) == (10, 20)
+    assert (r.bytes_moved, r.local_fraction) == (6_250_000_000, pytest.approx(1 / 3, abs=1e-6))
+
+
 # ------------------------------------------------------------------ (b) determinism
 
 
