@@ -294,12 +294,15 @@ class RankRunner(threading.Thread):
         spec_path = self.run_dir / f"rank-{a['rank']}.spec.json"
         spec_path.write_text(json.dumps(spec, indent=1))
         env = dict(os.environ)
+        threads = str(self.agent.threads_per_rank(len(a["devices"])))
         env.update({
             "MASTER_ADDR": a.get("master_addr") or "127.0.0.1", "MASTER_PORT": str(port),
             "RANK": str(a["rank"]), "LOCAL_RANK": str(a["local_rank"]), "WORLD_SIZE": str(a["world_size"]),
             "LOCAL_WORLD_SIZE": str(a["local_world_size"]), "GSCHED_JOB_ID": str(a["job_id"]),
             "GSCHED_DEVICES": ",".join(str(d) for d in a["devices"]), "PYTHONUNBUFFERED": "1",
-            "GSCHED_THREADS": str(self.agent.threads_per_rank(len(a["devices"]))),
+            # The rank's CPU threads: torch's own pool (GSCHED_THREADS) and OpenMP's for whatever
+            # else reads it, as torchrun sets OMP_NUM_THREADS for its ranks.
+            "GSCHED_THREADS": threads, "OMP_NUM_THREADS": threads,
         })
         if self.agent.net_iface:  # which interface gloo and NCCL bind on multi-homed hosts
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.agent.net_iface

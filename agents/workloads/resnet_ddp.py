@@ -961,6 +961,9 @@ def main(argv: list[str] | None = None) -> int:
             device_id=rt.device if backend == "nccl" else None,
         )
         initialised = True
+        print(f"[job {spec.job_id} rank {rank}/{world_size}] started: device {rt.device}, backend {backend}, "
+              f"{torch.get_num_threads()} CPU threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+              flush=True)
         result = train(
             spec, rank, world_size, local_rank=local_rank, local_world_size=local_world_size, stop_event=stop
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -56,6 +57,9 @@ def test_two_rank_job_trains_to_completion_on_the_nodes_holding_its_data(two_nod
         assert f'"{key}"' in shown
     logs = c.cli("logs", str(job_id), "--rank", "0", token=alice).stdout
     assert "epoch" in logs.lower()
+    # The rank's CPU threads: torch's pool and OpenMP's are set alike, as torchrun sets them.
+    started = re.search(r"started: device cpu, backend gloo, (\d+) CPU threads \(OMP_NUM_THREADS=(\d+)\)", logs)
+    assert started is not None and started.group(1) == started.group(2), logs[:400]
     # Devices are back in the pool.
     assert all(n["devices_free"] == 1 for n in c.admin().get("/v1/nodes"))
 
