@@ -217,11 +217,13 @@ class LocalCluster:
         c = self.client(token) if token else self.admin()
         return dict(c.get(f"/v1/jobs/{job_id}"))
 
-    def wait_job(self, job_id: int, states: set[str] | str, timeout: float = 300) -> dict[str, Any]:
+    def wait_job(self, job_id: int, states: set[str] | str, timeout: float = 300,
+                 interval: float = 0.25) -> dict[str, Any]:
         wanted = {states} if isinstance(states, str) else set(states)
         self.wait_for(lambda: self.job(job_id)["state"] in wanted, timeout, f"job {job_id} to reach {sorted(wanted)}",
                       diagnose=lambda: json.dumps({k: v for k, v in self.job(job_id).items()
-                                                   if k in ("state", "reason", "ranks", "progress")}, indent=1))
+                                                   if k in ("state", "reason", "ranks", "progress")}, indent=1),
+                      interval=interval)
         return self.job(job_id)
 
     def wait_for(self, pred: Callable[[], Any], timeout: float, what: str,
