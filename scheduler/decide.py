@@ -31,14 +31,7 @@ def job_shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
 
 def relabel(cands: list[Candidate], job_id: int) -> list[Candidate]:
     """``cands`` (proposed for another job of the same shape) as ``job_id``'s."""
-    return [
-        c
-        if c.job_id == job_id
-        else Candidate(
-            job_id, c.rank_nodes, c.devices_per_rank, c.reads, c.transfer_bytes, c.transfer_cost_ms
-        )
-        for c in cands
-    ]
+    return [c.for_job(job_id) for c in cands]
 
 
 def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, list[Candidate]], Decision]:  # type: ignore[no-untyped-def]

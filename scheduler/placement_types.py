@@ -48,6 +48,15 @@ class Candidate:
             object.__setattr__(self, "_by_node", items)
         return items
 
+    def for_job(self, job_id: int) -> Candidate:
+        """The same placement for another job of the same shape (its worked-out device items kept)."""
+        if job_id == self.job_id:
+            return self
+        c = Candidate(job_id, self.rank_nodes, self.devices_per_rank, self.reads, self.transfer_bytes,
+                      self.transfer_cost_ms)
+        object.__setattr__(c, "_by_node", self.device_items())
+        return c
+
     def devices_by_node(self) -> dict[str, int]:
         return dict(self.device_items())
 

@@ -85,6 +85,7 @@ class Stage1Index:
     # node -> contention of one of its free devices (see node_contention); empty: all 0
     contention: Mapping[str, float] = field(default_factory=dict)
     calm: tuple[str, ...] = ()  # nodes with free devices, by (contention, -free, name)
+    calm_pos: Mapping[str, int] = field(default_factory=dict)  # node -> its position in ``calm``
 
 
 def _by_rack(names: Iterable[str], racks: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
@@ -160,6 +161,7 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
         datasets = {j.dataset for j in snap.pending if j.dataset is not None}
     hist = Counter(devices.values())
     contention = node_contention(snap, free)
+    calm = tuple(sorted(contention, key=lambda n: (contention[n], -free[n], n)))
     return Stage1Index(
         racks=racks,
         devices=devices,
@@ -171,7 +173,8 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
         total_devices=sum(devices.values()),
         max_node_devices=max(devices.values(), default=0),
         contention=contention,
-        calm=tuple(sorted(contention, key=lambda n: (contention[n], -free[n], n))),
+        calm=calm,
+        calm_pos={n: i for i, n in enumerate(calm)},
     )
 
 
@@ -410,17 +413,27 @@ def _spread(fit: _Fit, ds: DatasetIndex | None) -> dict[str, int] | None:
 def _calm(fit: _Fit) -> dict[str, int] | None:
     """Ranks on the least contended nodes (most free first among equals): where a job that has to
     stage its data anyway takes the least local room from others.  A gang goes whole to the least
-    contended node with room for all its ranks if there is one."""
-    if fit.ranks > 1:
-        for n in fit.index.calm:
-            if fit.cap(n) >= fit.ranks:
-                return {n: fit.ranks}
+    contended node with room for all its ranks if there is one.
+
+    Only nodes of the snapshot's :attr:`Stage1Index.calm` are used, in that order.  When the arbiter
+    has given most devices away, the few nodes still free are put in that order rather than walking
+    every node of the snapshot (the 50,000-job cycle called this 1,900 times over 5,000 nodes)."""
+    index, dpr, ranks = fit.index, fit.dpr, fit.ranks
+    free = fit.free
+    order: Iterable[str] = index.calm
+    if fit.view is not None and 4 * len(fit.view) < len(index.calm):
+        pos = index.calm_pos
+        order = sorted((n for n in fit.view.desc(dpr) if n in pos), key=pos.__getitem__)
+    if ranks > 1:
+        for n in order:
+            if free.get(n, 0) // dpr >= ranks:
+                return {n: ranks}
     counts: dict[str, int] = {}
-    remaining = fit.ranks
-    for n in fit.index.calm:
+    remaining = ranks
+    for n in order:
         if remaining == 0:
             break
-        c = fit.cap(n)
+        c = free.get(n, 0) // dpr
         if c > 0:
             counts[n] = min(c, remaining)
             remaining -= counts[n]

@@ -313,3 +313,44 @@ def test_without_whole_holdings_the_order_is_the_plain_cost_order() -> None:
     assert set(idx.contention.values()) == {0.0}  # no node holds all four shards
     cands = propose(snap.pending[0], snap, CFG, idx)
     assert cands == sorted(cands, key=candidate_key)
+
+
+def test_calm_over_a_few_free_nodes_matches_walking_every_node() -> None:
+    """``_calm`` puts the few nodes still free in the index's calm order instead of walking all of
+    them; the placements must be exactly those of the plain walk, for every width and free pattern."""
+    import random
+
+    from benchmarks.cycle import synthetic_snapshot
+    from scheduler.stage1 import FreeDevices, _calm, _Fit
+
+    def walk(index, free, dpr: int, ranks: int):  # type: ignore[no-untyped-def]
+        if ranks > 1:
+            for n in index.calm:
+                if free.get(n, 0) // dpr >= ranks:
+                    return {n: ranks}
+        counts, remaining = {}, ranks
+        for n in index.calm:
+            if remaining == 0:
+                break
+            c = free.get(n, 0) // dpr
+            if c > 0:
+                counts[n] = min(c, remaining)
+                remaining -= counts[n]
+        return counts if remaining == 0 else None
+
+    snap = synthetic_snapshot(400, 40, seed=3, datasets=30)
+    index = build_index(snap)
+    rng = random.Random(7)
+    checked = fast = 0
+    for trial in range(40):
+        view = FreeDevices(index.free, index.racks)
+        keep = rng.uniform(0.0, 0.3)  # the share of free nodes left free: the fast path below 1/4
+        for n in list(view):
+            if rng.random() > keep:
+                view.set(n, rng.choice([0] * 18 + [1, 3]))
+        fast += 4 * len(view) < len(index.calm)
+        for ranks, dpr in ((1, 1), (2, 1), (3, 2), (8, 1), (12, 1), (40, 1)):
+            j = job(1000 + trial, ranks=ranks, dataset="d001", devices_per_rank=dpr)
+            assert _calm(_Fit(j, index, view)) == walk(index, view, dpr, ranks)
+            checked += 1
+    assert checked == 240 and 10 <= fast <= 30  # both paths were exercised
