@@ -354,3 +354,29 @@ def test_calm_over_a_few_free_nodes_matches_walking_every_node() -> None:
             assert _calm(_Fit(j, index, view)) == walk(index, view, dpr, ranks)
             checked += 1
     assert checked == 240 and 10 <= fast <= 30  # both paths were exercised
+
+
+def test_decide_holds_off_the_garbage_collector_and_gives_it_back() -> None:
+    import gc
+
+    from scheduler.placement_types import Decision
+
+    snap = cluster().node("a", rack="r1").holds("digits", shards=[0, 1]).pending(job(1, dataset="digits")).build()
+    seen: list[bool] = []
+
+    class Spy:
+        name = "spy"
+
+        def arbitrate(self, snap, candidates, cfg, index=None):  # type: ignore[no-untyped-def]
+            seen.append(gc.isenabled())
+            return Decision()
+
+    assert gc.isenabled()
+    decide(snap, CFG, arbiter=Spy())
+    assert seen == [False] and gc.isenabled()  # paused while deciding, back on after
+    gc.disable()
+    try:
+        decide(snap, CFG, arbiter=Spy())
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
