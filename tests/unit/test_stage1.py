@@ -324,19 +324,17 @@ def test_calm_over_a_few_free_nodes_matches_walking_every_node() -> None:
     from scheduler.stage1 import FreeDevices, _calm, _Fit
 
     def walk(index, free, dpr: int, ranks: int):  # type: ignore[no-untyped-def]
-        if ranks > 1:
-            for n in index.calm:
-                if free.get(n, 0) // dpr >= ranks:
-                    return {n: ranks}
-        counts, remaining = {}, ranks
-        for n in index.calm:
-            if remaining == 0:
-                break
-            c = free.get(n, 0) // dpr
-            if c > 0:
-                counts[n] = min(c, remaining)
-                remaining -= counts[n]
-        return counts if remaining == 0 else None
+        """The plain definition: every calm node in turn, by how many ranks it has room for."""
+        caps = [(n, free.get(n, 0) // dpr) for n in index.calm]
+        whole = next((n for n, c in caps if c >= ranks), None) if ranks > 1 else None
+        if whole is not None:
+            return {whole: ranks}
+        out, left = {}, ranks
+        for n, c in caps:
+            if left and c:
+                out[n] = min(c, left)
+                left -= out[n]
+        return None if left else out
 
     snap = synthetic_snapshot(400, 40, seed=3, datasets=30)
     index = build_index(snap)
