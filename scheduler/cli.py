@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--host", default="127.0.0.1", help="address the data server binds and advertises")
     a.add_argument("--port", type=int, default=0, help="data server port (default: any free port)")
     a.add_argument("--heartbeat-s", type=float, default=2.0)
-    a.add_argument("--threads-per-rank", type=int, default=None)
+    a.add_argument("--threads-per-rank", type=int, default=None,
+                   help="CPU threads per rank (torch and OMP_NUM_THREADS); default: cores x rank devices / devices")
     a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
     a.add_argument("--net-iface", default=None, help="network interface ranks use for gloo/NCCL traffic")
 
