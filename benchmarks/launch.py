@@ -60,7 +60,7 @@ def _gsched(report: Report, tmp: Path, samples: int, size: int, epochs: int) -> 
         job_id = int(cluster.cli("submit", str(job_toml), token=token).stdout.strip().split()[-1])
         try:
             # Polled every 5 s: the latency comes from the server's own timestamps, and a watcher
-            # asking every 0.25 s cost the server about 4 s of CPU per run, taken from the ranks.
+            # asking every 0.25 s cost the server about 2 s of CPU per run, taken from the ranks.
             job = cluster.wait_job(job_id, {"COMPLETED", "FAILED"}, timeout=180 if report.quick else 600, interval=5.0)
         except TimeoutError as e:
             first = str(e).splitlines()
