@@ -233,10 +233,13 @@ class Agent:
         for t in body["transfers"]:
             if t["state"] in ("done", "failed"):
                 self.transfers.pop(t["id"], None)
-        self.apply(reply, reported=runners)
+        self.apply(reply, ended={r.key for r, said in zip(runners, body["ranks"], strict=True)
+                                 if said["state"] in ("EXITED", "KILLED")})
         return reply
 
-    def apply(self, reply: dict[str, Any], reported: list[RankRunner]) -> None:
+    def apply(self, reply: dict[str, Any], ended: set[tuple[int, int, int]]) -> None:
+        """Act on a heartbeat's reply.  ``ended``: the ranks that heartbeat reported EXITED or KILLED
+        (a rank that exited with logs or metrics still to hand over was reported RUNNING)."""
         self.peer_key = reply.get("peer_key") or self.peer_key
         if "peers" in reply:  # sent while this node runs ranks: where to mirror checkpoints, best first
             self.peers = {p["name"]: p["address"] for p in reply["peers"]}
@@ -261,10 +264,12 @@ class Agent:
             runner = self.ranks.get(key)
             if runner is not None:
                 runner.kill()
-        # Forget ranks the server has recorded as over: reported final, and no longer assigned.
-        for r in reported:
-            if r.key not in wanted and r.key not in killed and r.state in ("EXITED", "KILLED"):
-                self.ranks.pop(r.key, None)
+        # Forget ranks the server has recorded as over: reported final, and no longer assigned.  Going
+        # by what was reported, not by the runner's state now: a rank the server saw RUNNING gets no
+        # assignment back, and one that exited since must stay until its exit has been reported.
+        for key in ended:
+            if key not in wanted and key not in killed:
+                self.ranks.pop(key, None)
         for t in reply.get("transfers", []):
             if t["id"] not in self.transfers:
                 self.transfers[t["id"]] = {"state": "running", "bytes": 0, "reason": ""}

@@ -9,8 +9,10 @@ Contract (called by ``POST /v1/agent/heartbeat`` with an agent identity bound to
 * metrics, checkpoints, log text and transfer results are stored, only for ranks and transfers the
   server gave this node (an agent cannot write into another node's jobs);
 * the jobs touched are re-derived from their ranks (``sync_job``);
-* the reply lists the ranks the node must run (idempotent: the agent ignores those it already has),
-  the ranks to kill, and the replica copies to make.
+* the reply lists the ranks the node must start or is still getting ready (idempotent: the agent
+  starts those it does not have and updates the others; a rank it reports RUNNING needs nothing more
+  and is left out, so a node in steady training costs the server a few queries per heartbeat, not a
+  dozen per rank), the ranks to kill, and the replica copies to make.
 
 Processing the same heartbeat twice is harmless: updates are absolute, and log text is keyed by offset.
 """
@@ -367,6 +369,8 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
     live = [r for r in here if r.state in LIVE_RANK]
     book = _NodeBook(s)
     for r in live:
+        if r.state == st.R_RUNNING:
+            continue  # reported RUNNING by this very heartbeat: it has its port, shards and checkpoint
         job = s.get(Job, r.job_id)
         if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
             continue
@@ -427,7 +431,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
         deletes.append({"dataset": t.dataset, "shard": t.shard})
     reply: dict[str, Any] = {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
                              "peer_key": peer_key(s)}
-    if assignments:
+    if live:
         reply["peers"] = _peers(s, node_name)  # only a node running ranks has checkpoints to mirror
     return reply
 

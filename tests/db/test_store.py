@@ -149,14 +149,18 @@ def test_a_job_goes_pending_bound_running_completed_through_cycle_and_heartbeats
         ranks = list(s.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank)))
         assert sorted(r.node for r in ranks) == ["n1", "n2"]  # one device each: one rank on each node
         assert s.get(Job, job_id).state == "BOUND"
-    for state, code in (("RUNNING", None), ("EXITED", 0)):
+    for state, code in (("STAGING", None), ("RUNNING", None), ("EXITED", 0)):
         clock.advance(1)
         for r in ranks:
             with db.session() as s:
                 reply = process_heartbeat(s, clock.now(), Identity("agent", r.node), heartbeat(r.node, ranks=[
                     {"job_id": job_id, "attempt": 1, "rank": r.rank, "state": state, "exit_code": code}]))
-            if state == "RUNNING":
+            if state == "STAGING":  # still getting ready: the whole assignment again (rank 1 waits for the port)
                 assert [a["rank"] for a in reply["assignments"]] == [r.rank]
+            elif state == "RUNNING":  # running: nothing to tell it but where to mirror its checkpoints
+                assert reply["assignments"] == [] and [p["name"] for p in reply["peers"]] == [{"n1": "n2", "n2": "n1"}[r.node]]
+            else:
+                assert reply["assignments"] == [] and "peers" not in reply
     with db.session() as s:
         job = s.get(Job, job_id)
         assert job.state == "COMPLETED" and job.ended_at == clock.now()

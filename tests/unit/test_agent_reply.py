@@ -1,0 +1,43 @@
+"""The agent keeps a rank it reported RUNNING until it has reported how the rank ended.
+
+The server sends no assignment back for a rank the heartbeat reported RUNNING (it has nothing new to
+tell it).  A rank that exits while its last log text is still unsent is reported RUNNING once more
+(its text goes out first); the agent must not take the missing assignment for "forget it", or the
+exit is never reported and the server requeues the job as lost.  The server's side is a stand-in
+here that answers as ``process_heartbeat`` does for a running rank: no assignments, no kills.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.agent import Agent
+from agents.launcher import RankRunner
+
+
+def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_forgotten(tmp_path: Path) -> None:
+    agent = Agent(["http://127.0.0.1:9"], "n1", "r1", "1", tmp_path / "node", token="gsa_stand_in")
+    sent: list[dict[str, Any]] = []
+
+    def server(path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+        sent.append(body)
+        return {"assignments": [], "kill": [], "transfers": [], "delete": [], "peer_key": "k" * 64}
+
+    agent._post = server  # type: ignore[method-assign]
+    runner = RankRunner(agent, {"job_id": 4, "attempt": 1, "rank": 0, "shards": []})
+    agent.ranks[runner.key] = runner
+    runner._state, runner.exit_code = "EXITED", 0
+    runner.log_path.write_text("epoch 3/3: loss 0.1\n")  # the rank's last words, not yet sent
+
+    agent.heartbeat()
+    assert [r["state"] for r in sent[0]["ranks"]] == ["RUNNING"]  # its log text goes out first
+    assert [c["text"] for c in sent[0]["logs"]] == ["epoch 3/3: loss 0.1\n"]
+    assert runner.key in agent.ranks  # no assignment came back, and it is kept
+
+    agent.heartbeat()
+    assert [(r["state"], r["exit_code"]) for r in sent[1]["ranks"]] == [("EXITED", 0)]
+    assert runner.key not in agent.ranks  # reported over and not assigned: forgotten
+
+    agent.heartbeat()
+    assert sent[2]["ranks"] == []
