@@ -8,20 +8,22 @@ cost the training ranks CPU on these 2 cores); a synthetic data set of
 (the job turns RUNNING when every rank runs).  Then the very rank spec files the agent wrote (same
 shards per rank, same training knobs, same threads per rank) are run by
 ``torchrun --nproc-per-node 2 -m benchmarks.rank_by_env`` on the same node, alone (the cluster is
-stopped).  Throughput is rank 0's median ``images_per_s`` over the warm epochs (2 to 5) in each
-metrics file.  The full run measures eight runs in the order gsched, torchrun, torchrun, gsched,
-torchrun, gsched, gsched, torchrun (each gsched run on a fresh cluster), so that the machine's drift
-over the section weighs on both sides alike; the ratio is the mean gsched rate over the mean torchrun
-rate.  On these 2 shared cores one run of either moved between 154 and 243 images/s from run to run,
-and a ratio from four runs between 0.92 and 1.07; while the ranks train, the server, cycle process and
-agent together hold the GIL for well under 1 % of the time (a py-spy sample of the server: 4 samples
-of 2,000 in 40 s).
+stopped), with the thread count the agent gave the gsched ranks.  Throughput is rank 0's median
+``images_per_s`` over the warm epochs (2 to 5) in each metrics file.  The full run measures twelve
+runs in the order ABBA BAAB ABBA (A gsched, each on a fresh cluster; B torchrun), so that the
+machine's drift over the section weighs on both sides alike; the ratio is the mean gsched rate over
+the mean torchrun rate, and a note gives the ratio of each pair of neighbouring runs.  On these 2
+shared cores one run of either moved between 154 and 243 images/s from run to run, and a ratio from
+eight runs between 0.94 and 1.03.  Stopping the server, cycle process and agent (SIGSTOP) in every
+other epoch of one gsched job made those epochs 0.9 % faster than the others: the control plane's
+share of the gap.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,6 +76,9 @@ def _gsched(report: Report, tmp: Path, samples: int, size: int, epochs: int) -> 
         specs.mkdir()
         for r in (0, 1):
             shutil.copy(run_dir / f"rank-{r}.spec.json", specs / f"rank-{r}.spec.json")
+        # The threads the agent gave each rank, from rank 0's start line: torchrun's ranks get the same.
+        threads = re.search(r"started: .* (\d+) CPU threads", (run_dir / "rank-0.log").read_text())
+        (specs / "threads").write_text(threads.group(1) if threads else "1")
         return _warm_rate(run_dir / "metrics.jsonl"), job["started_at"] - job["submitted_at"], specs
     finally:
         cluster.close()
@@ -88,7 +93,9 @@ def _torchrun(report: Report, specs: Path, out: Path) -> float | None:
         spec["checkpoint_dir"] = str(out / "ckpt")
         (out / f"rank-{r}.spec.json").write_text(json.dumps(spec))
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = {**os.environ, "GSCHED_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+    threads = (specs / "threads").read_text().strip()
+    env = {**os.environ, "GSCHED_THREADS": threads, "OMP_NUM_THREADS": threads, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     res = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "benchmarks.rank_by_env",
                           "--spec-dir", str(out)], env=env, capture_output=True, text=True, timeout=900,
@@ -106,10 +113,11 @@ def _each(xs: list[float]) -> str:
 
 def run(report: Report) -> None:
     samples, size, epochs = (320, 8, 2) if report.quick else (2400, 16, 5)
-    # ABBA BAAB: a drift in the machine's speed over the section weighs on both sides alike; the
-    # quick run does one of each.
+    # ABBA BAAB ABBA: a drift in the machine's speed over the section weighs on both sides alike; the
+    # quick run does one of each.  Twelve runs, not eight: one run of either side moves by up to 10 %
+    # with this machine's speed, so eight runs left the ratio within +-4 % of its long-run value.
     a, b = "gsched", "torchrun"
-    order = (a, b) if report.quick else (a, b, b, a, b, a, a, b)
+    order = (a, b) if report.quick else (a, b, b, a, b, a, a, b, a, b, b, a)
     rates: dict[str, list[float]] = {"gsched": [], "torchrun": []}
     latencies: list[float] = []
     specs: Path | None = None
@@ -133,6 +141,11 @@ def run(report: Report) -> None:
             rates[who].append(rate)
     g, t = rates["gsched"], rates["torchrun"]
     ratio = (sum(g) / len(g)) / (sum(t) / len(t))
+    # Each pair of neighbouring runs (1-2, 3-4, ...) ran in the same few minutes: their ratios show how
+    # much of the spread is the machine's.
+    seq = [rates[w][order[:i].count(w)] for i, w in enumerate(order)]
+    pairs = [seq[i] / seq[i + 1] if order[i] == a else seq[i + 1] / seq[i] for i in range(0, len(order) - 1, 2)]
+    report.note("launch", f"gsched/torchrun per pair of neighbouring runs: {' '.join(f'{p:.3f}' for p in pairs)}")
     report.add(Figure("launch", f"DDP ResNet-18, 2 ranks x 1 CPU device, {samples} images {size}x{size}, "
                       f"median of epochs 2-{epochs}, {len(order)} runs in the order "
                       f"{''.join('A' if w == 'gsched' else 'B' for w in order)} (A gsched, B torchrun)",
