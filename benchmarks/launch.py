@@ -118,7 +118,7 @@ def run(report: Report) -> None:
     # with this machine's speed, so eight runs left the ratio within +-4 % of its long-run value.
     a, b = "gsched", "torchrun"
     order = (a, b) if report.quick else (a, b, b, a, b, a, a, b, a, b, b, a)
-    rates: dict[str, list[float]] = {"gsched": [], "torchrun": []}
+    seq: list[float] = []  # each run's rate, in the order run
     latencies: list[float] = []
     specs: Path | None = None
     with tempfile.TemporaryDirectory(prefix="gsched-launch-") as tmp:
@@ -138,17 +138,17 @@ def run(report: Report) -> None:
                 if t_rate is None:
                     return
                 rate = t_rate
-            rates[who].append(rate)
-    g, t = rates["gsched"], rates["torchrun"]
+            seq.append(rate)
+    g = [r for w, r in zip(order, seq, strict=True) if w == a]
+    t = [r for w, r in zip(order, seq, strict=True) if w == b]
     ratio = (sum(g) / len(g)) / (sum(t) / len(t))
     # Each pair of neighbouring runs (1-2, 3-4, ...) ran in the same few minutes: their ratios show how
     # much of the spread is the machine's.
-    seq = [rates[w][order[:i].count(w)] for i, w in enumerate(order)]
     pairs = [seq[i] / seq[i + 1] if order[i] == a else seq[i + 1] / seq[i] for i in range(0, len(order) - 1, 2)]
     report.note("launch", f"gsched/torchrun per pair of neighbouring runs: {' '.join(f'{p:.3f}' for p in pairs)}")
     report.add(Figure("launch", f"DDP ResNet-18, 2 ranks x 1 CPU device, {samples} images {size}x{size}, "
                       f"median of epochs 2-{epochs}, {len(order)} runs in the order "
-                      f"{''.join('A' if w == 'gsched' else 'B' for w in order)} (A gsched, B torchrun)",
+                      f"{''.join('A' if w == a else 'B' for w in order)} (A gsched, B torchrun)",
                       f"gsched {_each(g)} images/s, torchrun {_each(t)} images/s",
                       f"ratio of the means {ratio:.3f}", ">= 0.97", ratio >= 0.97))
     worst = max(latencies)
