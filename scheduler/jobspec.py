@@ -65,6 +65,7 @@ class Train(_Strict):
     loader_workers: int = Field(0, ge=0, le=64)
     eval_every: int = Field(1, ge=0, le=10000)
     keep_checkpoints: int = Field(3, ge=0, le=10000)  # newest per-epoch checkpoints kept per copy; 0 keeps all
+    checkpoint: bool = True  # false: no checkpoints written; a requeued job starts again from epoch 0
     seed: int = Field(0, ge=0, le=2**31 - 1)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"

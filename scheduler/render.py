@@ -362,8 +362,8 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
                                   f"(estimated {doc.get('transfer_cost_ms') or 0} ms)"))
     if spec.get("train"):
         tr = spec["train"]
-        rows.append(("train", ", ".join(f"{k} {tr[k]}" for k in ("batch_size", "lr", "grad_accum_steps")
-                                        if k in tr)))
+        rows.append(("train", ", ".join([f"{k} {tr[k]}" for k in ("batch_size", "lr", "grad_accum_steps") if k in tr]
+                                        + ([] if tr.get("checkpoint", True) else ["no checkpoints"]))))
     c.print(_kv(rows))
 
     if doc.get("ranks") and isinstance(doc["ranks"], list):

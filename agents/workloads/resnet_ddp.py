@@ -38,7 +38,8 @@ Rank spec (JSON; unknown keys are refused)::
         "momentum": 0.9,
         "weight_decay": 5e-4,
         "hflip": "auto",          # random horizontal flip: true | false | "auto" (3-channel only)
-        "crop_padding": "auto"    # int, or "auto": max(1, image size // 8) pixels
+        "crop_padding": "auto",   # int, or "auto": max(1, image size // 8) pixels
+        "checkpoint": true        # false: no checkpoint is written (a restart begins at epoch 0)
       }
     }
 
@@ -94,7 +95,8 @@ rank 0 writes ``checkpoint_dir/epoch-NNNN.pt`` (tmp file, fsync, rename; then on
 restores all of them (RNG only when the world size is unchanged; if the placement changes the steps per
 epoch, the LR schedule is re-positioned at the epoch boundary).  SIGTERM writes no mid-epoch checkpoint:
 the resume point is the last finished epoch.  A checkpoint of ResNet-18 is about 90 MB (weights and
-momentum); every epoch's file is kept.
+momentum).  With ``train.checkpoint`` false none is written and no collective is spent on it: a run
+that stops or is restarted begins again at epoch 0.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ class TrainConfig:
     hflip: bool | str = "auto"
     crop_padding: int | str = "auto"
     keep_checkpoints: int = 0  # 0 keeps every epoch's checkpoint
+    checkpoint: bool = True  # false: write none (a restarted job begins at epoch 0)
 
 
 @dataclass
@@ -236,6 +239,7 @@ def parse_spec(raw: dict[str, Any]) -> RankSpec:
     need(is_int(cfg.eval_every) and cfg.eval_every >= 0, "eval_every", "an integer >= 0")
     need(is_int(cfg.keep_checkpoints) and cfg.keep_checkpoints >= 0, "keep_checkpoints", "an integer >= 0")
     need(is_int(cfg.seed), "seed", "an integer")
+    need(isinstance(cfg.checkpoint, bool), "checkpoint", "true or false")
     need(cfg.channels_last in ("auto", True, False), "channels_last", '"auto", true or false')
     need(cfg.hflip in ("auto", True, False), "hflip", '"auto", true or false')
     need(
@@ -781,9 +785,10 @@ def train(
         print(f"[job {spec.job_id} rank {rank}/{world_size}] epoch {epoch + 1}/{cfg.epochs}: loss {record['loss']:.4f} "
               f"accuracy {'-' if acc is None else f'{100 * acc:.1f}%'} {record['images_per_s']:.0f} images/s "
               f"data wait {100 * record['data_wait_fraction']:.0f}%", flush=True)
-        _save_checkpoint(
-            spec, rank, world_size, epoch + 1, model, optimizer, scheduler, steps_per_epoch, history, metrics
-        )
+        if cfg.checkpoint:
+            _save_checkpoint(
+                spec, rank, world_size, epoch + 1, model, optimizer, scheduler, steps_per_epoch, history, metrics
+            )
         last_epoch_done = epoch + 1
     metrics.write("done", epoch=last_epoch_done, stopped=stopped)
     return {"epochs_done": last_epoch_done, "stopped": stopped, "history": history}

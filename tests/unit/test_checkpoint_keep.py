@@ -69,6 +69,13 @@ def test_the_spec_takes_0_or_at_least_2_and_defaults_to_3() -> None:
         validate_spec(spec(keep_checkpoints=1))
 
 
+def test_checkpoint_is_a_boolean_that_defaults_to_true() -> None:
+    assert validate_spec(spec()).train.checkpoint is True
+    assert validate_spec(spec(checkpoint=False)).train.checkpoint is False
+    with pytest.raises(JobSpecError, match="train.checkpoint"):
+        validate_spec(spec(checkpoint="no"))
+
+
 def test_a_mirror_copy_runs_at_background_priority_in_its_own_thread_only() -> None:
     import os
     import threading

@@ -254,6 +254,11 @@ def test_show_has_every_section(utc: None) -> None:
                    "ran with nccl on cuda: bf16 on, channels-last on", "checkpoints  epochs 1, 2; latest (epoch 2) 45.0 MB "
                    "on n1, n2", "attempts", "KILLED", "events", "job.requeue", "node n3 is down"):
         assert needle in out, needle
+    assert "no checkpoints" not in out
+    doc = detail_doc()
+    doc["spec"] = {"train": {"batch_size": 32, "lr": 0.05, "grad_accum_steps": 1, "checkpoint": False}}
+    assert "batch_size 32, lr 0.05, grad_accum_steps 1, no checkpoints" in screen_of(
+        lambda c: job_detail(doc, c, now=T), 100)
 
 
 def test_explain_prints_reason_and_candidates(utc: None) -> None:

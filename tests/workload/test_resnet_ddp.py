@@ -249,6 +249,18 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
     ]
 
 
+def test_checkpoint_false_writes_no_checkpoint_and_still_trains(tmp_path):
+    data = tmp_path / "data"
+    make_shards(TINY, data, "tiny", 2, seed=0)
+    train = {"epochs": 2, "batch_size": 16, "lr": 0.1, "checkpoint": False}
+    lines = run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "nockpt")
+    assert [m["epoch"] for m in epochs_of(lines)] == [1, 2]
+    assert [m for m in lines if m["type"] == "checkpoint"] == []
+    assert [m["epoch"] for m in lines if m["type"] == "done"] == [2]
+    ckpt = tmp_path / "nockpt" / "ckpt"
+    assert not ckpt.exists() or list(ckpt.iterdir()) == []
+
+
 def test_sigterm_stops_every_rank_cleanly(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
@@ -344,6 +356,7 @@ GOOD = {
         ({"train": {"epochs": 0, "batch_size": 16, "lr": 0.1}}, "train.epochs"),
         ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "lr_scaling": "sqrt"}}, "train.lr_scaling"),
         ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "backend": "mpi"}}, "train.backend"),
+        ({"train": {"epochs": 2, "batch_size": 16, "lr": 0.1, "checkpoint": 1}}, "train.checkpoint"),
         ({"shards": []}, "shards"),
         ({"num_classes": 1}, "num_classes"),
     ],
