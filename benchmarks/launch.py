@@ -78,6 +78,8 @@ def _gsched(report: Report, tmp: Path, samples: int, size: int, epochs: int) -> 
             shutil.copy(run_dir / f"rank-{r}.spec.json", specs / f"rank-{r}.spec.json")
         # The threads the agent gave each rank, from rank 0's start line: torchrun's ranks get the same.
         threads = re.search(r"started: .* (\d+) CPU threads", (run_dir / "rank-0.log").read_text())
+        if threads is None:
+            report.note("launch", "rank 0's start line names no CPU thread count: torchrun's ranks get 1 thread")
         (specs / "threads").write_text(threads.group(1) if threads else "1")
         return _warm_rate(run_dir / "metrics.jsonl"), job["started_at"] - job["submitted_at"], specs
     finally:
