@@ -303,22 +303,12 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    import tomllib
+    from scheduler.jobfile import JobFileError, read_job_file
 
     try:
-        with open(args.file, "rb") as f:
-            spec = tomllib.load(f)
-    except FileNotFoundError:
-        print(f"gsched submit: {args.file}: no such file", file=sys.stderr)
-        return 2
-    except tomllib.TOMLDecodeError as e:
-        print(f"gsched submit: {args.file}: not valid TOML: {e}", file=sys.stderr)
-        return 2
-    except UnicodeDecodeError as e:
-        print(f"gsched submit: {args.file}: not UTF-8 text: {e}", file=sys.stderr)
-        return 2
-    except RecursionError:
-        print(f"gsched submit: {args.file}: not valid TOML: arrays or tables nested too deeply", file=sys.stderr)
+        spec = read_job_file(args.file)
+    except JobFileError as e:
+        print(f"gsched submit: {e}", file=sys.stderr)
         return 2
     request_id = args.request_id or uuid.uuid4().hex
     c = client(args)
@@ -473,10 +463,10 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def _span_s(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
+    from scheduler.durations import parse_duration
+
     try:
-        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+        return float(parse_duration(text))
     except ValueError:
         raise ValueError(f"--last {text!r}: give a span like 90s, 30m, 6h or 2d") from None
 

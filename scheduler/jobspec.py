@@ -17,16 +17,17 @@ Example::
     lr = 0.05
 
     [limits]
-    time = "30m"         # wall-clock limit: "90s", "30m", "2h", "1:30:00" or seconds
+    time = "30m"         # wall-clock limit: "90s", "2h30m", "1:30:00", "1-12:00:00" or seconds
     max_restarts = 3     # requeues after node loss before the job fails
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from scheduler.durations import parse_duration
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -126,21 +127,6 @@ class JobSpecError(ValueError):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
-
-
-def parse_duration(v: int | str) -> int:
-    if isinstance(v, bool):
-        raise ValueError("must be a duration such as '30m' or a number of seconds")
-    if isinstance(v, int):
-        return v
-    s = v.strip()
-    m = re.fullmatch(r"(\d{1,7})\s*([smhd]?)", s)
-    if m:
-        return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    m = re.fullmatch(r"(?:(\d{1,4}):)?(\d{1,2}):(\d{2})", s)
-    if m:
-        return int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))
-    raise ValueError(f"{v!r} is not a duration (use '90s', '30m', '2h', '1:30:00' or seconds)")
 
 
 def validate_spec(data: Any) -> JobSpec:

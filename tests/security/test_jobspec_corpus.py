@@ -67,6 +67,13 @@ EXPECT: dict[str, list[str]] = {
     "45_max_restarts_float": ["limits.max_restarts"],
     "46_spec_is_an_array_table": ["name"],
     "47_deep_nesting_beyond_recursion": NOT_TOML + ["nested too deeply"],
+    # Values TOML has and JSON lacks, or that Python's parser cannot convert: refused on the client.
+    "48_deep_nesting_dotted_key_1500": ["train.k0.k1", "nested more than 500 deep"],
+    "49_integer_5000_digits": NOT_TOML + ["too long"],
+    "50_seed_datetime": ["train.seed", "date or time"],
+    "51_time_99_99": ["limits.time", "seconds must be below 60"],
+    "52_time_sixty_minutes": ["limits.time", "minutes and seconds must be below 60"],
+    "53_epochs_local_date": ["train.epochs", "date or time"],
 }
 
 
