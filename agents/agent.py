@@ -9,11 +9,13 @@ after a crash stops the ranks its predecessor left behind, so a returning node n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import signal
 import ssl
+import sys
 import threading
 import time
 import urllib.error
@@ -25,6 +27,7 @@ from typing import Any
 from agents.dataserver import DataServer, checkpoint_path
 from agents.inventory import ShardInventory, cpu_count, detect_devices, free_bytes
 from agents.launcher import RankRunner
+from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
 from scheduler.auth import ticket_headers
@@ -41,7 +44,8 @@ class Agent:
     def __init__(self, servers: list[str], node: str, rack: str, gpus: str, data_dir: Path, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
-                 net_iface: str | None = None, ca: str | None = None) -> None:
+                 net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
+                 rendezvous_wait_s: float = 30.0) -> None:
         self.servers = [s.rstrip("/") for s in servers]
         self._ssl = ssl.create_default_context(cafile=ca) if ca else None  # verifies an HTTPS server
         self.node = node
@@ -55,6 +59,11 @@ class Agent:
         self.scrub_interval_s = scrub_interval_s
         self.net_iface = net_iface
         self._threads = threads_per_rank
+        # Each node starts at its own place in the range: agents sharing a host (tests, the demo) that
+        # were given the same range then rarely meet; each should still get its own range.
+        first, last = parse_range(rendezvous_ports)
+        self.ports = RendezvousPorts(first, last, start=int(hashlib.sha1(node.encode()).hexdigest()[:8], 16))
+        self.rendezvous_wait_s = rendezvous_wait_s
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)
         self.flights = ShardFlights()  # one transfer per shard when ranks of this node need it at once
@@ -337,10 +346,15 @@ def main(args: Any) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent[%(name)s] %(message)s")
     token = args.token or os.environ.get("GSCHED_AGENT_TOKEN")
     servers = [s for s in (args.server or os.environ.get("GSCHED_SERVER", "http://127.0.0.1:8470")).split(",") if s]
-    agent = Agent(servers, args.node, args.rack, args.gpus, Path(args.data_dir), host=args.host, port=args.port,
-                  token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
-                  scrub_interval_s=args.scrub_interval_s, net_iface=args.net_iface,
-                  ca=args.ca or os.environ.get("GSCHED_CA"))
+    try:
+        agent = Agent(servers, args.node, args.rack, args.gpus, Path(args.data_dir), host=args.host, port=args.port,
+                      token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
+                      scrub_interval_s=args.scrub_interval_s, net_iface=args.net_iface,
+                      ca=args.ca or os.environ.get("GSCHED_CA"), rendezvous_ports=args.rendezvous_ports,
+                      rendezvous_wait_s=args.rendezvous_wait_s)
+    except PortRangeError as e:
+        print(f"gsched agent: {e}", file=sys.stderr)
+        return 2
 
     def _term(signum: int, _frame: Any) -> None:
         log.info("signal %s: stopping ranks and exiting", signum)

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from agents.dataserver import checkpoint_dir, checkpoint_path
+from agents.rankfail import RENDEZVOUS, rendezvous_failure
 from agents.shardfile import background_priority, shard_path
 from agents.staging import StagingError, fetch
 
 log = logging.getLogger("gsched.agent.rank")
 KILL_GRACE_S = 10.0
+
+
+class RendezvousError(RuntimeError):
+    """Rank 0 got no rendezvous port: an infrastructure failure of this node, not of the job."""
 
 
 class RankRunner(threading.Thread):
@@ -36,6 +40,7 @@ class RankRunner(threading.Thread):
         self._state = "STAGING"
         self.exit_code: int | None = None
         self.error = ""
+        self.failure = ""  # "rendezvous": the node's fault, not the job's (agents/rankfail.py)
         self.staged = 0
         self.staging_total = 0
         self.rate = 0.0
@@ -108,7 +113,7 @@ class RankRunner(threading.Thread):
         return {"job_id": self.key[0], "attempt": self.key[1], "rank": self.key[2], "state": state,
                 "exit_code": self.exit_code, "log_tail": self.log_tail(), "staged_bytes": self.staged,
                 "staging_total": self.staging_total, "staging_rate_bps": self.rate, "staging_s": self.staging_s,
-                "master_port": self.master_port, "error": self.error[-4000:]}
+                "master_port": self.master_port, "error": self.error[-4000:], "failure": self.failure}
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -183,6 +188,11 @@ class RankRunner(threading.Thread):
                 self.state = "KILLED"
                 return
             self._launch(paths, resume, port)
+        except RendezvousError as e:
+            self.error, self.failure = str(e), RENDEZVOUS
+            log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
+            self.exit_code = 3
+            self.state = "EXITED"
         except StagingError as e:
             self.error = f"staging failed: {e}"
             log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
@@ -193,6 +203,9 @@ class RankRunner(threading.Thread):
             self.error = f"agent error: {e}"
             self.exit_code = 4
             self.state = "EXITED"
+        finally:
+            if self.master_port is not None:  # rank 0's store is gone with it: the port can go to another job
+                self.agent.ports.release(self.master_port)
 
     def _stage(self) -> list[str]:
         shards = self.a["shards"]
@@ -271,9 +284,24 @@ class RankRunner(threading.Thread):
         raise StagingError(f"checkpoint {name} could not be fetched from {resume.get('nodes')}")
 
     def _rendezvous(self) -> int | None:
+        """Rank 0: a port from the agent's range, held until this rank ends (agents/ports.py); it waits
+        a bounded time for one to come free.  Other ranks: the port rank 0 reported, as the server
+        passes it on."""
         if self.a["rank"] == 0:
-            self.master_port = _free_port(self.a.get("master_addr") or "127.0.0.1")
-            return self.master_port
+            ports = self.agent.ports
+            deadline = time.monotonic() + self.agent.rendezvous_wait_s
+            while not self._killed.is_set():
+                self.master_port = ports.take(self.key)
+                if self.master_port is not None:
+                    return self.master_port
+                if time.monotonic() >= deadline:
+                    held = len(ports.held())
+                    raise RendezvousError(
+                        f"rendezvous failed: no free rendezvous port in {ports} on {self.agent.node} after "
+                        f"{self.agent.rendezvous_wait_s:g} s ({held} held by this node's jobs, "
+                        f"{ports.size - held} in use by other processes)")
+                time.sleep(0.5)
+            return None
         while not self._killed.is_set():
             with self._lock:
                 port = self.a.get("master_port")
@@ -324,6 +352,10 @@ class RankRunner(threading.Thread):
         self.agent.forget_pid(self.proc.pid)
         if self._killed.is_set():
             _signal_group(self.proc, signal.SIGKILL)  # loader workers left behind, if any
+        if code != 0 and not self._killed.is_set():
+            sign = rendezvous_failure(self.log_tail(16384))
+            if sign:
+                self.error, self.failure = f"rendezvous failed on port {port}: {sign}", RENDEZVOUS
         self.exit_code = code
         self.state = "KILLED" if self._killed.is_set() else "EXITED"
         log.info("job %s rank %s exited with %s", a["job_id"], a["rank"], code)
@@ -335,8 +367,3 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("", "localhost") else "127.0.0.1", 0))
-        return int(s.getsockname()[1])

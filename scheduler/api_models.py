@@ -54,6 +54,9 @@ class RankIn(_In):
     staging_s: float = Field(0, ge=0, le=1e9)  # seconds this rank spent staging, once done
     master_port: int | None = Field(None, ge=1024, le=65535)
     error: str = Field("", max_length=4096)
+    # "rendezvous": the rank ended on an infrastructure failure (no port, port taken, peers never
+    # joined): the job is requeued rather than failed (agents/rankfail.py).
+    failure: Literal["", "rendezvous"] = ""
 
 
 class LogIn(_In):

@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads per rank (torch and OMP_NUM_THREADS); default: cores x rank devices / devices")
     a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
     a.add_argument("--net-iface", default=None, help="network interface ranks use for gloo/NCCL traffic")
+    a.add_argument("--rendezvous-ports", default="29500-29999", metavar="FIRST-LAST",
+                   help="ports a job's rank 0 on this node may listen on for its rendezvous (MASTER_PORT); "
+                        "open them between nodes (default 29500-29999)")
+    a.add_argument("--rendezvous-wait-s", type=float, default=30.0,
+                   help="how long rank 0 waits for a free rendezvous port before its job is requeued (default 30)")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")

@@ -175,6 +175,11 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
             job.progress = {**(job.progress or {}), "error": rr.error}
             if rr.state == "EXITED" and rr.exit_code not in (0, None):
                 row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
+        if (rr.state == "EXITED" and rr.failure == "rendezvous" and job.state in st.ACTIVE
+                and job.attempt == row.attempt):
+            # Not the job's fault: back to the queue (max_restarts bounds it), its retries untouched.
+            requeue_job(s, now, job, f"{rr.error or 'rendezvous failed'} (rank {row.rank} on {hb.node})")
+            continue
         if rr.master_port and row.rank == 0 and job.attempt == row.attempt and job.master_port is None:
             job.master_port = rr.master_port
         if rr.staging_s and rr.staging_total:

@@ -36,6 +36,14 @@ class NodeSpec:
     host: str = "127.0.0.1"  # address the agent binds and advertises
     netns: str | None = None  # run the agent inside this network namespace (multi-host tests)
     iface: str | None = None  # interface the ranks use for gloo/NCCL
+    rendezvous_ports: str | None = None  # default: a range of its own (RENDEZVOUS_BASE + RENDEZVOUS_EACH * i)
+    rendezvous_wait_s: float | None = None
+
+
+# The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
+# hand it out, and another agent could hand it out too before the rank binds it): each gets its own.
+RENDEZVOUS_BASE = 29500
+RENDEZVOUS_EACH = 50
 
 
 class LocalCluster:
@@ -106,13 +114,22 @@ class LocalCluster:
     def data_dir(self, node: str) -> Path:
         return self.root / "nodes" / node
 
+    def rendezvous_ports(self, node: str) -> str:
+        spec = self.nodes[node]
+        if spec.rendezvous_ports:
+            return spec.rendezvous_ports
+        first = RENDEZVOUS_BASE + RENDEZVOUS_EACH * list(self.nodes).index(node)
+        return f"{first}-{first + RENDEZVOUS_EACH - 1}"
+
     def start_agent(self, node: str) -> None:
         spec = self.nodes[node]
+        wait = [] if spec.rendezvous_wait_s is None else ["--rendezvous-wait-s", str(spec.rendezvous_wait_s)]
         self._spawn(f"agent-{node}", ["agent", "--server", self.url, "--node", node, "--rack", spec.rack,
                                       "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
                                       "--heartbeat-s", str(self.heartbeat_s),
                                       "--threads-per-rank", str(self.threads_per_rank),
                                       "--scrub-interval-s", str(self.scrub_interval_s), "--host", spec.host,
+                                      "--rendezvous-ports", self.rendezvous_ports(node), *wait,
                                       *(["--net-iface", spec.iface] if spec.iface else [])], spec.netns)
 
     def start(self) -> LocalCluster:

@@ -367,6 +367,7 @@ def job_detail(s: Session, job: Job, with_logs: bool = True) -> dict[str, Any]:
                      "ended_at": r.ended_at} for r in history],
         "explain": job.explain or {},
         "transfer_cost_ms": job.transfer_cost_ms,
+        "master_port": job.master_port,  # the rendezvous port rank 0 listens on (this attempt)
     })
     return doc
 
