@@ -37,7 +37,8 @@ from agents.shardfile import (
 from scheduler.auth import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
-TICKET_TTL_S = 300
+TICKET_TTL_S = 300  # a ticket is good for this long after it was made (it is checked when a request starts)
+TICKET_SKEW_S = 30  # and from this much before: clocks of two nodes may disagree a little, not by minutes
 CHUNK = 1 << 20
 
 
@@ -109,7 +110,8 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                 ts = int(self.headers.get("X-Gsched-Time", "0"))
             except ValueError:
                 return False
-            if not key or abs(time.time() - ts) > TICKET_TTL_S:
+            age = time.time() - ts
+            if not key or age > TICKET_TTL_S or age < -TICKET_SKEW_S:
                 return False
             return check_ticket(key, given, *parts, ts)
 

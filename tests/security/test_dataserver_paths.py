@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.dataserver import DataServer
+from agents.dataserver import TICKET_SKEW_S, TICKET_TTL_S, DataServer
 from agents.shardfile import MAGIC
 from scheduler.auth import ticket
 
@@ -119,6 +119,9 @@ def test_put_outside_the_data_dir_is_refused(server: tuple[DataServer, Path, Pat
 def test_the_real_shard_is_served_with_a_good_ticket(server: tuple[DataServer, Path, Path]) -> None:
     srv, _, _ = server
     assert send(srv, "GET", "/shards/tiny/0", get_ticket("get", "tiny", 0)) == (200, MAGIC + b"ok")
+    # A little clock skew either way is fine: a ticket a few seconds old, or from a clock a bit ahead.
+    for age in (TICKET_TTL_S - 5, 0, -(TICKET_SKEW_S - 5)):
+        assert send(srv, "GET", "/shards/tiny/0", get_ticket("get", "tiny", 0, age_s=age))[0] == 200, age
 
 
 @pytest.mark.parametrize("what,headers", [
@@ -126,6 +129,9 @@ def test_the_real_shard_is_served_with_a_good_ticket(server: tuple[DataServer, P
     ("garbage ticket", {"X-Gsched-Ticket": "0" * 64, "X-Gsched-Time": str(int(time.time()))}),
     ("expired ticket", get_ticket("get", "tiny", 0, age_s=3600)),
     ("ticket from the future", get_ticket("get", "tiny", 0, age_s=-3600)),
+    # Stamped minutes ahead: accepted as skew, it would last TTL + minutes (it used to last ten).
+    ("ticket stamped two minutes ahead", get_ticket("get", "tiny", 0, age_s=-120)),
+    ("ticket just past its life", get_ticket("get", "tiny", 0, age_s=TICKET_TTL_S + 5)),
     ("ticket for another shard", get_ticket("get", "tiny", 1)),
     ("ticket made with another key", {"X-Gsched-Ticket": ticket("other", "get", "tiny", 0, int(time.time())),
                                       "X-Gsched-Time": str(int(time.time()))}),
