@@ -64,6 +64,12 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     return {"name": body.name, "uploads": uploads, "warning": warning}
 
 
+def require_dataset_owner(d: Dataset, who: Identity) -> None:
+    require_person(who)
+    if not (who.is_admin or d.owner == who.name):
+        raise Forbidden(f"data set {d.name!r} belongs to {d.owner}; only its owner or an admin may change it")
+
+
 def set_replicas(s: Session, now: float, who: Identity, name: str, replicas: int) -> dict[str, Any]:
     """Change R (the data set's owner or an admin).  Raising it schedules copies (the cycle's replication
     phase); lowering it drops extras."""
@@ -71,8 +77,7 @@ def set_replicas(s: Session, now: float, who: Identity, name: str, replicas: int
     d = s.get(Dataset, name)
     if d is None:
         raise NotFound(f"no data set {name!r}")
-    if not (who.is_admin or d.owner == who.name):
-        raise Forbidden(f"data set {name!r} belongs to {d.owner}; only its owner or an admin may change it")
+    require_dataset_owner(d, who)
     old = d.replicas_required
     d.replicas_required = replicas
     dropped = []

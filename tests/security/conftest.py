@@ -31,8 +31,10 @@ class World:
     made: dict[str, int] = field(default_factory=dict)
 
     def call(self, method: str, path: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
-        """(status, decoded JSON or text) for one request; never raises for an HTTP status."""
-        data = json.dumps(body).encode() if body is not None else None
+        """(status, decoded JSON or text) for one request; never raises for an HTTP status.
+
+        ``body`` is sent as JSON, except ``bytes``, which are sent as they are (as ``application/json``)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -78,14 +78,95 @@ def path_for(w: World, path: str) -> str:
     return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset)
 
 
+def token_of(w: World, who: str) -> str | None:
+    return {"none": None, "wrong": "gsu_" + "x" * 43}.get(who, w.tokens.get(who))
+
+
 @pytest.mark.parametrize("endpoint,who,expected", CELLS, ids=[f"{e} as {who}" for e, who, _ in CELLS])
 def test_matrix(world: World, endpoint: str, who: str, expected: int) -> None:
     method, path = endpoint.split(" ", 1)
-    token = {"none": None, "wrong": "gsu_" + "x" * 43}.get(who, world.tokens.get(who))
-    status, out = world.call(method, path_for(world, path), token, body_for(world, endpoint))
+    status, out = world.call(method, path_for(world, path), token_of(world, who), body_for(world, endpoint))
     assert status == expected, f"{endpoint} as {who}: {status} {out}"
     if status >= 400:
         assert isinstance(out, dict) and out.get("detail"), out  # a message, not an empty error
+
+
+# The same routes with a malformed body, path or query: who is asked first (authenticate, then
+# authorize), what is wrong with the request only after.  No token or a wrong one is 401 and says
+# nothing about the request; a caller who may not act is 403; only callers who may act hear 422.
+NOT_JSON = b'{"name": '
+PERSON = (401, 401, 422, 422, 422, 403, 403)  # any user or admin may call it
+OWNER = (401, 401, 403, 422, 422, 403, 403)  # the owner of the job or data set, or an admin
+ADMIN = (401, 401, 403, 403, 422, 403, 403)
+MISSING_TOKEN = "missing token: set GSCHED_TOKEN or pass --token"
+BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
+    # route (as in MATRIX)                 the request made                       its body    none wrong other owner admin here other-agent
+    ("POST /v1/jobs",                      "/v1/jobs",                            {"bogus": 1},     PERSON),
+    ("POST /v1/jobs",                      "/v1/jobs",                            NOT_JSON,         PERSON),
+    ("POST /v1/jobs",                      "/v1/jobs",                            {"spec": []},     PERSON),
+    ("POST /v1/datasets",                  "/v1/datasets",                        {"bogus": 1},     PERSON),
+    ("POST /v1/datasets",                  "/v1/datasets",                        NOT_JSON,         PERSON),
+    ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        {"bogus": 1},     OWNER),
+    ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        NOT_JSON,         OWNER),
+    ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        {"replicas": 0},  OWNER),
+    ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/" + "x" * 65 + "/place", {"replicas": 1},  PERSON),
+    ("POST /v1/users",                     "/v1/users",                           {"bogus": 1},     ADMIN),
+    ("POST /v1/users",                     "/v1/users",                           NOT_JSON,         ADMIN),
+    ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/{fresh_user}/shares",       {"bogus": 1},     ADMIN),
+    ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/{fresh_user}/shares",       NOT_JSON,         ADMIN),
+    ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/" + "x" * 65 + "/shares",   {"shares": 2},    ADMIN),
+    ("DELETE /v1/users/{fresh_user}",      "/v1/users/" + "x" * 65,               None,             ADMIN),
+    ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    {"bogus": 1},     ADMIN),
+    ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    NOT_JSON,         ADMIN),
+    # A heartbeat names its node in its body: another node's agent is refused once the body is JSON.
+    ("POST /v1/agent/heartbeat",           "/v1/agent/heartbeat",                 "n1+bogus",       (401, 401, 403, 403, 403, 422, 403)),
+    ("POST /v1/agent/heartbeat",           "/v1/agent/heartbeat",                 NOT_JSON,         (401, 401, 403, 403, 403, 422, 422)),
+    ("GET /v1/jobs",                       "/v1/jobs?all=maybe",                  None,             PERSON),
+    ("GET /v1/jobs/{job}",                 "/v1/jobs/abc",                        None,             PERSON),
+    ("GET /v1/jobs/{job}",                 "/v1/jobs/-1",                         None,             PERSON),
+    ("GET /v1/jobs/{job}/explain",         "/v1/jobs/0/explain",                  None,             PERSON),
+    ("GET /v1/jobs/{job}/logs",            "/v1/jobs/{job}/logs?rank=-1",         None,             OWNER),
+    ("GET /v1/jobs/{job}/logs",            "/v1/jobs/{job}/logs?after=x",         None,             OWNER),
+    ("GET /v1/jobs/{job}/logs",            "/v1/jobs/abc/logs",                   None,             PERSON),  # whose job is unknown
+    ("POST /v1/jobs/{fresh_job}/cancel",   "/v1/jobs/abc/cancel",                 None,             PERSON),
+    ("GET /v1/events",                     "/v1/events?limit=0",                  None,             PERSON),
+    ("GET /v1/events",                     "/v1/events?job=abc",                  None,             PERSON),
+    ("GET /v1/cluster/history",            "/v1/cluster/history?since=abc",       None,             PERSON),
+    ("GET /v1/cluster/history",            "/v1/cluster/history?limit=0",         None,             PERSON),
+    # Unknown paths and methods: who asks is known before the server says there is no such thing.
+    ("GET /v1/nope",                       "/v1/nope",                            None,             (401, 401, 404, 404, 404, 404, 404)),
+    ("DELETE /v1/jobs",                    "/v1/jobs",                            {"bogus": 1},     (401, 401, 405, 405, 405, 405, 405)),
+]
+BAD_CELLS = [(route, path, body, who, expected) for route, path, body, row in BAD
+             for who, expected in zip(WHO, row, strict=True)]
+
+
+def bad_body(w: World, body: Any) -> Any:
+    return {**w.heartbeat("n1"), "bogus": 1} if body == "n1+bogus" else body
+
+
+@pytest.mark.parametrize("route,path,body,who,expected", BAD_CELLS,
+                         ids=[f"{r.split()[0]} {p} {b!r:.12} as {who}" for r, p, b, who, _ in BAD_CELLS])
+def test_malformed_requests(world: World, route: str, path: str, body: Any, who: str, expected: int) -> None:
+    method = route.split(" ", 1)[0]
+    status, out = world.call(method, path_for(world, path), token_of(world, who), bad_body(world, body))
+    assert status == expected, f"{method} {path} {body!r} as {who}: {status} {out}"
+    assert isinstance(out, dict) and out.get("detail"), out
+    if status == 401:  # nothing about the request: not its fields, not its schema
+        assert out == {"detail": MISSING_TOKEN if who == "none" else "invalid token", "field": None}, out
+    elif status == 403:
+        assert out["field"] is None, out
+    elif status == 422:
+        assert out["field"], out  # the field that is wrong is named to those who may act
+
+
+def test_malformed_requests_cover_every_route_with_input(world: World) -> None:
+    """Each operation that takes a body, a path or a query parameter has a malformed case in ``BAD``."""
+    schema = world.ok("GET", "/openapi.json")
+    takes = {f"{m.upper()} {re.sub(r'{[^}]+}', '{}', p)}" for p, ops in schema["paths"].items()
+             for m, op in ops.items() if op.get("parameters") or op.get("requestBody")}
+    covered = {re.sub(r"{[^}]+}", "{}", route) for route, _, _, _ in BAD}
+    assert takes - covered == set()
 
 
 def test_matrix_covers_every_route(world: World) -> None:
@@ -163,3 +244,12 @@ def test_a_body_declared_too_large_is_refused_before_it_is_read(world: World) ->
                 assert "larger than" in resp.read().decode()
         finally:
             conn.close()
+
+
+def test_a_removed_users_token_is_refused_at_once(world: World) -> None:
+    """The gate keeps who a token is for a few seconds; removing the user forgets it at once."""
+    token = world.cluster.add_user("leaving")
+    assert world.call("GET", "/v1/whoami", token) == (200, {"kind": "user", "name": "leaving"})  # the gate knows it
+    world.ok("DELETE", "/v1/users/leaving", "admin")
+    for method, path, body in (("GET", "/v1/whoami", None), ("GET", "/v1/jobs", None), ("POST", "/v1/jobs", {"spec": {}})):
+        assert world.call(method, path, token, body) == (401, {"detail": "invalid token", "field": None}), path
