@@ -24,7 +24,8 @@ Example::
     bob = 1
 
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
-GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S.
+GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
+GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Settings:
     home: Path = field(default_factory=gsched_home)
     tls_cert: str = ""  # PEM certificate chain; with tls_key, the API is served over HTTPS
     tls_key: str = ""
+    header_timeout_s: float = 10.0  # a connection whose request headers take longer is closed
+    max_connections: int = 2048  # connections open at once; a new one beyond is closed at once
+    max_connections_per_client: int = 256  # the same, from one client address
 
     @property
     def scheme(self) -> str:
@@ -81,6 +85,9 @@ _ENV = {
     "GSCHED_TLS_CERT": ("tls_cert", str),
     "GSCHED_TLS_KEY": ("tls_key", str),
     "GSCHED_LEASE_TTL_S": ("lease_ttl_s", float),
+    "GSCHED_HEADER_TIMEOUT_S": ("header_timeout_s", float),
+    "GSCHED_MAX_CONNECTIONS": ("max_connections", int),
+    "GSCHED_MAX_CONNECTIONS_PER_CLIENT": ("max_connections_per_client", int),
 }
 _POLICY_ENV = {
     "GSCHED_ARBITER": ("arbiter", str),
@@ -144,7 +151,16 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
     except TypeError as e:
         raise ConfigError(f"{source}: {e}") from e
     _check_tls(settings)
+    _check_connections(settings, source)
     return settings
+
+
+def _check_connections(settings: Settings, source: str) -> None:
+    if not settings.header_timeout_s > 0:
+        raise ConfigError(f"{source}: header_timeout_s must be more than 0 seconds")
+    for key in ("max_connections", "max_connections_per_client"):
+        if getattr(settings, key) < 1:
+            raise ConfigError(f"{source}: {key} must be at least 1")
 
 
 def _check_tls(settings: Settings) -> None:

@@ -153,8 +153,12 @@ def serve(settings: Settings) -> None:
              _redact(settings.db_url))
     tls: dict[str, Any] = (
         {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key} if settings.tls_cert else {})
+    from scheduler.connections import limited_protocol
+
+    http = limited_protocol(settings.header_timeout_s, settings.max_connections, settings.max_connections_per_client)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, **tls)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, http=http,
+                    **tls)
     finally:
         sched.shutdown(wait=False)
         with ctx._cycle_lock:  # a running cycle ends before the process that runs it stops
