@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Figure, Report
-from scheduler.localcluster import LocalCluster
+from scheduler.cli.localcluster import LocalCluster
 
 SPEC = {"name": "bench", "resources": {"ranks": 1, "gpus_per_rank": 1}, "data": {"dataset": "benchdata"},
         "train": {"epochs": 1}, "limits": {"time": 600}}

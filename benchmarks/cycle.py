@@ -1,4 +1,4 @@
-"""Section ``cycle``: the latency of one scheduling decision (``scheduler.decide.decide``) at scale.
+"""Section ``cycle``: the latency of one scheduling decision (``scheduler.core.decide.decide``) at scale.
 
 Synthetic snapshots (seeded): N nodes of 8 devices in racks of 32 nodes; 240 data sets of 16 shards
 of 512 MB, 3 replicas each placed by ``place_replicas``; half the devices busy with running jobs of
@@ -16,10 +16,10 @@ import statistics
 import time
 
 from benchmarks.common import Figure, Report
-from scheduler.decide import decide
-from scheduler.policy_config import PolicyConfig
-from scheduler.replicas import place_replicas
-from scheduler.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
+from scheduler.core.decide import decide
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.replicas import place_replicas
+from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 DATASETS = 240
 SHARDS = 16

@@ -21,7 +21,7 @@ the logs it read, and prints both files.  ``$OUT`` defaults to ``./device-out``.
 3. ``bench``: ``python -m agents.workloads.resnet_ddp --bench``: the same model on random data with no
    input pipeline and no process group, the compute-only ceiling for part 2's figures (on a machine
    without CUDA the workload runs its fp32 variant only).
-4. ``cluster``: the NCCL path end to end.  A real :class:`scheduler.localcluster.LocalCluster` (one
+4. ``cluster``: the NCCL path end to end.  A real :class:`scheduler.cli.localcluster.LocalCluster` (one
    server, one agent started with ``--gpus auto`` on CUDA, ``--gpus 1`` otherwise), a small synthetic
    data set made with ``gsched data make``, one 1-rank job submitted with ``gsched submit`` and
    followed to its end.  The job's document gives the per-epoch metrics; the backend actually used is
@@ -397,7 +397,7 @@ class Check:
 
     # ---------------------------------------------------------------- part 3
     def cluster(self, res: dict[str, Any]) -> None:
-        from scheduler.localcluster import LocalCluster, NodeSpec
+        from scheduler.cli.localcluster import LocalCluster, NodeSpec
 
         s = self._settings()
         self.budget.need(60 if not s.quick else 30, "the cluster part")

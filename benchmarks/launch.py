@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Figure, Report
-from scheduler.localcluster import LocalCluster, NodeSpec
+from scheduler.cli.localcluster import LocalCluster, NodeSpec
 
 
 def _warm_rate(metrics: Path) -> float:

@@ -1,6 +1,6 @@
-"""Section ``quality``: placement quality on real trace slices, replayed by ``scheduler.simulate``.
+"""Section ``quality``: placement quality on real trace slices, replayed by ``scheduler.sim.simulator``.
 
-Cluster and data model (our assumptions, see ``scheduler/simulate.py`` for the mechanics):
+Cluster and data model (our assumptions, see ``scheduler/sim/simulator.py`` for the mechanics):
 
 - ``philly_5000.csv``: 64 nodes x 8 devices in 4 racks (512 devices);
   ``itp_5000.csv``: 192 nodes x 8 devices in 6 racks (1,536 devices; its demand is ~1,400 devices
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Figure, Report
-from scheduler.simulate import ClusterSpec, DataSpec, SimResult, load_trace, simulate
+from scheduler.sim.simulator import ClusterSpec, DataSpec, SimResult, load_trace, simulate
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 if not TRACES.is_dir():

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scheduler.placement_types import Candidate
-from scheduler.stage1 import FreeDevices, Stage1Index
+from scheduler.core.placement import Candidate
+from scheduler.core.stage1 import FreeDevices, Stage1Index
 
 
 def fmt_t(t_s: float) -> str:

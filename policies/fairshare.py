@@ -1,7 +1,7 @@
 """Baseline arbiter ``fairshare``: fair-share order, placement blind to data.
 
 Jobs go in fair-share priority order (the same order as ``twostage``).  Each gets the data-blind
-packing of :func:`scheduler.stage1.propose_packed` over the devices left: fewest nodes, most free
+packing of :func:`scheduler.core.stage1.propose_packed` over the devices left: fewest nodes, most free
 first, ties by node name; where the data is plays no part (its reads and costs are still reported,
 and are local only by chance).  No locality wait and no reservation: a job that does not fit is
 skipped and smaller jobs behind it go ahead (so big gangs can starve under this baseline).
@@ -12,11 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from policies.common import FreeLedger, devices_busy
-from scheduler.fairshare import queue_order
-from scheduler.placement_types import Candidate, Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import Snapshot
-from scheduler.stage1 import Stage1Index, build_index, infeasible_reason, missing_data_reason, propose_packed
+from scheduler.core.fairshare import queue_order
+from scheduler.core.placement import Candidate, Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import Snapshot
+from scheduler.core.stage1 import (
+    Stage1Index,
+    build_index,
+    infeasible_reason,
+    missing_data_reason,
+    propose_packed,
+)
 
 
 class FairShareArbiter:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from policies.common import FreeLedger, busy_reason, devices_busy
-from scheduler.fairshare import queue_order
-from scheduler.placement_types import Candidate, Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import Snapshot
-from scheduler.stage1 import Stage1Index, build_index, infeasible_reason, missing_data_reason, propose
+from scheduler.core.fairshare import queue_order
+from scheduler.core.placement import Candidate, Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import Snapshot
+from scheduler.core.stage1 import Stage1Index, build_index, infeasible_reason, missing_data_reason, propose
 
 
 class FifoArbiter:

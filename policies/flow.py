@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from policies.common import FreeLedger, busy_reason, devices_busy
-from scheduler.fairshare import queue_order
-from scheduler.placement_types import Candidate, Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import JobView, Snapshot
-from scheduler.stage1 import (
+from scheduler.core.fairshare import queue_order
+from scheduler.core.placement import Candidate, Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, Snapshot
+from scheduler.core.stage1 import (
     Stage1Index,
     build_index,
     candidate_key,

@@ -1,18 +1,18 @@
 """The arbiter extension point (stage 2) and its explicit registry.
 
 An arbiter receives one cycle's snapshot and every pending job's stage-1 candidates and returns a
-:class:`~scheduler.placement_types.Decision`.  Its contract:
+:class:`~scheduler.core.placement.Decision`.  Its contract:
 
 - pure: no I/O, no clock (time is ``snap.now_s``), no state kept between calls; the same inputs give
   the same decision;
 - at most one candidate per job; no device is given twice, and never more than a node's free devices;
   every gang is whole (a binding is a full candidate);
 - a bound candidate is either one of the job's stage-1 candidates or one the arbiter re-proposed with
-  ``scheduler.stage1.propose`` over the devices it had left (same cost model, so costs stay honest);
+  ``scheduler.core.stage1.propose`` over the devices it had left (same cost model, so costs stay honest);
 - ``reasons`` has a plain-words reason for every pending job it leaves unbound, and ``order``,
   ``factors`` and ``priorities`` cover every pending job.
 
-``index`` is the snapshot's :class:`~scheduler.stage1.Stage1Index` when the caller has one (it is
+``index`` is the snapshot's :class:`~scheduler.core.stage1.Stage1Index` when the caller has one (it is
 built when omitted).  The cycle looks arbiters up by the configured name with :func:`get_arbiter` and
 never branches on a name.
 """
@@ -26,10 +26,10 @@ from policies.fairshare import FairShareArbiter
 from policies.fifo import FifoArbiter
 from policies.flow import FlowArbiter
 from policies.twostage import TwoStageArbiter
-from scheduler.placement_types import Candidate, Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import Snapshot
-from scheduler.stage1 import Stage1Index
+from scheduler.core.placement import Candidate, Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import Snapshot
+from scheduler.core.stage1 import Stage1Index
 
 
 class Arbiter(Protocol):

@@ -1,7 +1,7 @@
 """The default arbiter: fair-share order, the best fitting candidate, bounded locality wait, and one
 reservation with backfill so big gangs do not starve.
 
-For each pending job in fair-share order (:func:`scheduler.fairshare.queue_order`), ties broken by
+For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_order`), ties broken by
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
 term adds in ``tie_window_s``, the ones that can read their data locally go first):
 
@@ -11,7 +11,7 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
    devices are free, stage 1 is asked again over what is left (candidates of jobs placed earlier in
    the cycle may have taken this job's nodes).
 3. **Locality wait** (delay scheduling): if the best fitting candidate (by
-   :func:`scheduler.stage1.candidate_order`: the cheapest if any is within the threshold, else the
+   :func:`scheduler.core.stage1.candidate_order`: the cheapest if any is within the threshold, else the
    least contended) costs more than ``locality_threshold_ms`` and a placement within the threshold
    exists on the data's holders if they were idle, the job stays pending ("waiting for locality
    until T"), for at most ``locality_wait_s`` from the first cycle it waited (``waiting_since_s``;
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.common import FreeLedger, busy_reason, devices_busy, fmt_t
-from scheduler.decide import job_shape, relabel
-from scheduler.fairshare import queue_order
-from scheduler.placement_types import Candidate, Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import JobView, Snapshot
-from scheduler.stage1 import (
+from scheduler.core.decide import job_shape, relabel
+from scheduler.core.fairshare import queue_order
+from scheduler.core.placement import Candidate, Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, Snapshot
+from scheduler.core.stage1 import (
     Stage1Index,
     build_index,
     candidate_order,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
+from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 GB = 1_000_000_000
 SAME_RACK_MS_PER_GB = 320  # 1e9 B / (25e9/8 B/s) = 0.32 s

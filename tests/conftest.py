@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.localcluster import LocalCluster, NodeSpec
+from scheduler.cli.localcluster import LocalCluster, NodeSpec
 
 # Small, learnable and quick on 2 cores: 4 classes of 8x8 RGB images.
 TINY_SOURCE = "synthetic:classes=4,samples=480,size=8,seed=5"
@@ -74,7 +74,7 @@ class ThrowawayPostgres:
         import subprocess
         import tempfile
 
-        from scheduler.localcluster import free_port
+        from scheduler.cli.localcluster import free_port
 
         self.root = Path(tempfile.mkdtemp(prefix="gsched-pg-"))
         self.port = free_port()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler.db import Database
+from scheduler.store.db import Database
 
 
 @pytest.fixture

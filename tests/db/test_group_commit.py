@@ -1,4 +1,4 @@
-"""Group commit (scheduler/batching.py), transactions and savepoints, the report's unchanged
+"""Group commit (scheduler/store/batching.py), transactions and savepoints, the report's unchanged
 explanations, and SQLite's writer lock between processes: on SQLite and PostgreSQL (``db_url``)."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from scheduler import service as svc
-from scheduler.api_models import Heartbeat
-from scheduler.auth import Identity
-from scheduler.batching import WriteBatcher
-from scheduler.clock import FakeClock
-from scheduler.config import Settings
-from scheduler.cycle import EXPLAIN_REFRESH_S, run_cycle
-from scheduler.db import Database
-from scheduler.errors import Unprocessable
-from scheduler.heartbeat import process_heartbeat
-from scheduler.models import Dataset, Event, Job, Shard
-from scheduler.policy_config import PolicyConfig
+from scheduler.core.clock import FakeClock
+from scheduler.core.errors import Unprocessable
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.api_models import Heartbeat
+from scheduler.server.auth import Identity
+from scheduler.server.config import Settings
+from scheduler.server.cycle import EXPLAIN_REFRESH_S, run_cycle
+from scheduler.server.heartbeat import process_heartbeat
+from scheduler.server import service as svc
+from scheduler.store.batching import WriteBatcher
+from scheduler.store.db import Database
+from scheduler.store.models import Dataset, Event, Job, Shard
 
 SHA = "ab" * 32
 

@@ -11,19 +11,19 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import select, text
 
-from scheduler import service as svc
-from scheduler.api_models import Heartbeat, MetricIn
-from scheduler.auth import Identity
-from scheduler.clock import FakeClock
-from scheduler.config import Settings
-from scheduler.cycle import bind, run_cycle
-from scheduler.db import Database
-from scheduler.errors import Forbidden
-from scheduler.heartbeat import process_heartbeat
-from scheduler.leader import holds, try_lead
-from scheduler.models import Dataset, Job, Rank, Replica, Shard
-from scheduler.placement_types import Candidate
-from scheduler.policy_config import PolicyConfig
+from scheduler.core.clock import FakeClock
+from scheduler.core.errors import Forbidden
+from scheduler.core.placement import Candidate
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.api_models import Heartbeat, MetricIn
+from scheduler.server.auth import Identity
+from scheduler.server.config import Settings
+from scheduler.server.cycle import bind, run_cycle
+from scheduler.server.heartbeat import process_heartbeat
+from scheduler.server import service as svc
+from scheduler.store.db import Database
+from scheduler.store.leader import holds, try_lead
+from scheduler.store.models import Dataset, Job, Rank, Replica, Shard
 
 SHA = "ab" * 32
 ADMIN = Identity("admin", "admin")
@@ -234,8 +234,8 @@ def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Da
 
 
 def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Database) -> None:
-    from scheduler.cycle import thin_history
-    from scheduler.models import ClusterSample
+    from scheduler.server.cycle import thin_history
+    from scheduler.store.models import ClusterSample
 
     day = 86_400.0
     now = 200 * day
@@ -289,8 +289,8 @@ def test_a_lost_nodes_shards_are_copied_again_together_onto_one_node_with_room(d
     """Re-replication keeps a data set's copy whole: the shards a dead node held all go to one node (in
     another rack than the surviving copy), and a node whose agent reports too little free disk is passed
     over."""
-    from scheduler.cycle import schedule_replication
-    from scheduler.models import Node, Transfer
+    from scheduler.server.cycle import schedule_replication
+    from scheduler.store.models import Node, Transfer
 
     clock = FakeClock(1000.0)
     with db.session() as s:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.localcluster import LocalCluster, NodeSpec
+from scheduler.cli.localcluster import LocalCluster, NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pexpect = pytest.importorskip("pexpect")

@@ -1,4 +1,4 @@
-"""The server runs its cycles in a child process (scheduler/cycleproc.py): one that dies is replaced
+"""The server runs its cycles in a child process (scheduler/server/cycleproc.py): one that dies is replaced
 at the next cycle, and none outlives the server."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.localcluster import LocalCluster
+from scheduler.cli.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from agents.shardfile import sha256_file, shard_path
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration

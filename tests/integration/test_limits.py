@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml, rank_processes
 
 pytestmark = pytest.mark.integration

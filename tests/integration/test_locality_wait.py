@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration

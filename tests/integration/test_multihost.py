@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import job_toml
 from tests.integration.netlab import NetLab, NetLabUnavailable
 

@@ -1,11 +1,11 @@
-"""After a cycle binds ranks on a node, the server nudges its agent (scheduler/nudge.py), which then
+"""After a cycle binds ranks on a node, the server nudges its agent (scheduler/server/nudge.py), which then
 heartbeats at once: with agents asked to report only every 60 s, a job still starts in seconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.localcluster import NodeSpec
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
-    from scheduler.localcluster import LocalCluster
+    from scheduler.cli.localcluster import LocalCluster
 
     c = LocalCluster(tmp_path_factory.mktemp("errors"), [NodeSpec("n1"), NodeSpec("n2")]).start()
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "1")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.localcluster import LocalCluster, NodeSpec
+from scheduler.cli.localcluster import LocalCluster, NodeSpec
 
 SHA0 = "0" * 64
 

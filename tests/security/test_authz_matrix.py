@@ -2,7 +2,7 @@
 
 Columns: no token, a wrong token, another user (bob), the owner (alice: owns the job and the data set),
 an admin, the agent of the node the request is about (n1), and the agent of another node (n2).
-Rules (scheduler/app.py): anyone with a user token reads the queue; only the owner or an admin acts on
+Rules (scheduler/server/app.py): anyone with a user token reads the queue; only the owner or an admin acts on
 a job or a data set; only admins manage users and tokens; agent tokens do nothing but their own
 node's heartbeat.  Placeholders: ``{job}`` alice's job, ``{fresh_job}`` a new job of alice's made for
 the cell (cancel consumes it), ``{fresh_user}`` a new user made for the cell, ``{dataset}`` alice's.
@@ -227,7 +227,7 @@ def test_a_body_declared_too_large_is_refused_before_it_is_read(world: World) ->
     import http.client
     from urllib.parse import urlsplit
 
-    from scheduler.app import MAX_BODY_BYTES
+    from scheduler.server.app import MAX_BODY_BYTES
 
     u = urlsplit(world.url)
     for declared in (str(MAX_BODY_BYTES + 1), "12abc"):

@@ -1,4 +1,4 @@
-"""Silent and slow clients cannot hold the server's connections (scheduler/connections.py), on loopback.
+"""Silent and slow clients cannot hold the server's connections (scheduler/server/connections.py), on loopback.
 
 The floods come from other loopback addresses (127.0.0.2 and up: any 127.x address is the machine
 itself on Linux), the agents and users from 127.0.0.1, so the per-address bound is what lets them
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.localcluster import LocalCluster
+from scheduler.cli.localcluster import LocalCluster
 from tests.security.conftest import World
 
 pytestmark = pytest.mark.integration
@@ -160,7 +160,7 @@ def test_connections_beyond_the_bound_in_all_are_closed_at_once(patient: World) 
 
 
 def test_the_timeout_and_bounds_are_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from scheduler.config import ConfigError, Settings, load_settings
+    from scheduler.server.config import ConfigError, Settings, load_settings
 
     assert (Settings().header_timeout_s, Settings().max_connections, Settings().max_connections_per_client) == \
         (10.0, 2048, 256)

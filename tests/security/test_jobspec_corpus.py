@@ -2,7 +2,7 @@
 is wrong in it, and nothing is stored.
 
 The files live in ``jobspecs/``; ``EXPECT`` holds the words each error must contain (the field, or for
-files that are not TOML at all, why).  The CLI runs in-process (``scheduler.cli.main``) against a real
+files that are not TOML at all, why).  The CLI runs in-process (``scheduler.cli.main.main``) against a real
 server: the same code path as the command, without a Python start per file.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.security.conftest import World
 
 pytestmark = pytest.mark.integration

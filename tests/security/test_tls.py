@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.client import ApiError, Client
-from scheduler.localcluster import free_port
+from scheduler.cli.localcluster import free_port
+from scheduler.protocol.http import ApiError, Client
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]

@@ -1,11 +1,11 @@
-"""The gate's cache of who tokens are (``scheduler.app.Identities``): hits cost no lookup."""
+"""The gate's cache of who tokens are (``scheduler.server.app.Identities``): hits cost no lookup."""
 
 from __future__ import annotations
 
 import asyncio
 
-from scheduler.app import Identities
-from scheduler.auth import Identity
+from scheduler.server.app import Identities
+from scheduler.server.auth import Identity
 
 ALICE = Identity("user", "alice")
 NODE = Identity("agent", "alice")  # an agent of a node that happens to be called like a user

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-import scheduler.simulate as simmod
-from scheduler import cli
-from scheduler import states as st
-from scheduler.cycle import bind, build_snapshot
-from scheduler.db import Database
-from scheduler.decide import decide
-from scheduler.models import Dataset, Device, Job, Node, Rank, Replica, Shard, Usage, User
-from scheduler.placement_types import Decision
-from scheduler.policy_config import PolicyConfig
-from scheduler.simulate import ClusterSpec, DataSpec, FailureSpec, Simulation, TraceJob, simulate
-from scheduler.snapshot import Snapshot
+import scheduler.sim.simulator as simmod
+from scheduler.cli import main as cli
+from scheduler.core import lifecycle as st
+from scheduler.core.decide import decide
+from scheduler.core.placement import Decision
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import Snapshot
+from scheduler.server.cycle import bind, build_snapshot
+from scheduler.sim.simulator import ClusterSpec, DataSpec, FailureSpec, Simulation, TraceJob, simulate
+from scheduler.store.db import Database
+from scheduler.store.models import Dataset, Device, Job, Node, Rank, Replica, Shard, Usage, User
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 if not TRACES.is_dir():

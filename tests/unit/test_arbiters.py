@@ -6,8 +6,8 @@ Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack 
 import pytest
 
 from policies.registry import ARBITERS, get_arbiter
-from scheduler.decide import decide
-from scheduler.policy_config import PolicyConfig
+from scheduler.core.decide import decide
+from scheduler.core.policy_config import PolicyConfig
 from tests.builders import cluster, job
 
 NO_WAIT = PolicyConfig(locality_wait_s=0)

@@ -15,8 +15,8 @@ import pytest
 
 from agents.dataserver import DataServer, checkpoint_dir
 from agents.shardfile import prune_checkpoints
-from scheduler.auth import ticket
-from scheduler.jobspec import JobSpecError, validate_spec
+from scheduler.core.jobspec import JobSpecError, validate_spec
+from scheduler.server.auth import ticket
 
 KEY = "k" * 64
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from scheduler.costmodel import bandwidth_bps, reads_cost_ms, transfer_cost_ms
-from scheduler.placement_types import ShardRead
-from scheduler.policy_config import PolicyConfig
+from scheduler.core.costmodel import bandwidth_bps, reads_cost_ms, transfer_cost_ms
+from scheduler.core.placement import ShardRead
+from scheduler.core.policy_config import PolicyConfig
 from tests.builders import GB
 
 CFG = PolicyConfig()  # 25 Gb/s = 3.125e9 B/s in a rack, 10 Gb/s = 1.25e9 B/s across racks

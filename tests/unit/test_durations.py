@@ -1,10 +1,10 @@
-"""One grammar for durations (scheduler/durations.py): units, Slurm's clock forms, bare seconds."""
+"""One grammar for durations (scheduler/core/durations.py): units, Slurm's clock forms, bare seconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler.durations import parse_duration
+from scheduler.core.durations import parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [

@@ -9,10 +9,10 @@ half-life.  Over a day the device time each user got must follow their shares wi
 
 import pytest
 
-from scheduler.decide import decide
-from scheduler.fairshare import decay_all
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import JobView, NodeView, RunningView, Snapshot
+from scheduler.core.decide import decide
+from scheduler.core.fairshare import decay_all
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
 
 DAY_S = 24 * 3600
 STEP_S = 60

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from scheduler.fairshare import decay, factor, normalized_shares, order_key, priority, queue_order
-from scheduler.policy_config import PolicyConfig
+from scheduler.core.fairshare import decay, factor, normalized_shares, order_key, priority, queue_order
+from scheduler.core.policy_config import PolicyConfig
 from tests.builders import cluster, job
 
 DAY = 24 * 3600.0

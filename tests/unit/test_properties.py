@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.registry import ARBITERS
-from scheduler.costmodel import reads_cost_ms
-from scheduler.decide import decide
-from scheduler.placement_types import Candidate
-from scheduler.policy_config import PolicyConfig
-from scheduler.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
+from scheduler.core.costmodel import reads_cost_ms
+from scheduler.core.decide import decide
+from scheduler.core.placement import Candidate
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 SIZES = [1, 10**6, 10**9, 3 * 10**9 + 7]
 

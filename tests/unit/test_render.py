@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from scheduler.queuefacts import eta_s, job_facts, plain_reason
-from scheduler.render import QueueView, explain, fit_columns, job_detail
+from scheduler.cli.queuefacts import eta_s, job_facts, plain_reason
+from scheduler.cli.render import QueueView, explain, fit_columns, job_detail
 
 T = 1_700_000_000.0  # 22:13:20 UTC
 GB, MB = 1_000_000_000, 1_000_000
@@ -291,7 +291,7 @@ def png_size(path: Any) -> tuple[int, int]:
 
 
 def test_plots_write_fixed_size_pngs(tmp_path: Any) -> None:
-    from scheduler.plots import HEIGHT_PX, WIDTH_PX, plot_cluster, plot_job
+    from scheduler.cli.plots import HEIGHT_PX, WIDTH_PX, plot_cluster, plot_job
 
     plot_job(detail_doc(), tmp_path / "job.png")
     history = [{"time": T + 5 * i, "devices_total": 4, "devices_busy": i % 5, "pending": 3 - i % 4, "running": 1,
@@ -306,8 +306,8 @@ def test_plots_write_fixed_size_pngs(tmp_path: Any) -> None:
 
 
 def test_bash_completion_is_valid_bash_and_completes_verbs_and_options(tmp_path: Any) -> None:
-    from scheduler.cli import build_parser
-    from scheduler.completion import bash_script
+    from scheduler.cli.completion import bash_script
+    from scheduler.cli.main import build_parser
 
     script = tmp_path / "gsched.bash"
     script.write_text(bash_script(build_parser()))

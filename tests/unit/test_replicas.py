@@ -1,7 +1,7 @@
 """Replica placement: distinct nodes, rack-aware, each copy of a data set kept whole on one node where it
 fits, balanced by bytes across data sets, keeps existing copies, re-makes a lost node's shards together."""
 
-from scheduler.replicas import place_replicas
+from scheduler.core.replicas import place_replicas
 
 GB = 1_000_000_000
 TWO_RACKS = [("a", "r1"), ("b", "r1"), ("c", "r1"), ("d", "r2")]

@@ -5,10 +5,10 @@ Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack 
 
 import pytest
 
-from scheduler.costmodel import reads_cost_ms
-from scheduler.decide import decide
-from scheduler.policy_config import PolicyConfig
-from scheduler.stage1 import build_index, infeasible_reason, missing_data_reason, propose, propose_packed
+from scheduler.core.costmodel import reads_cost_ms
+from scheduler.core.decide import decide
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.stage1 import build_index, infeasible_reason, missing_data_reason, propose, propose_packed
 from tests.builders import GB, cluster, job
 
 CFG = PolicyConfig(candidates_per_job=8)
@@ -225,7 +225,7 @@ def test_decide_shares_stage1_work_between_jobs_of_one_shape() -> None:
 
 
 def test_free_devices_stay_in_fill_order_under_updates() -> None:
-    from scheduler.stage1 import FreeDevices
+    from scheduler.core.stage1 import FreeDevices
 
     fd = FreeDevices({"a": 2, "b": 4, "c": 4, "d": 0}, {"a": "r1", "b": "r1", "c": "r2", "d": "r2"})
     assert list(fd.desc(1)) == ["b", "c", "a"]  # most free first, then name; d has nothing free
@@ -251,7 +251,7 @@ def contended_snapshot():
 
 
 def test_contention_sums_the_share_of_free_local_room_each_node_stands_for() -> None:
-    from scheduler.stage1 import node_contention
+    from scheduler.core.stage1 import node_contention
 
     snap = contended_snapshot()
     idx = build_index(snap)
@@ -299,7 +299,7 @@ def test_local_candidates_still_go_cheapest_then_fewest_nodes_before_contention(
 
 
 def test_without_whole_holdings_the_order_is_the_plain_cost_order() -> None:
-    from scheduler.stage1 import candidate_key
+    from scheduler.core.stage1 import candidate_key
 
     snap = (
         cluster()
@@ -321,7 +321,7 @@ def test_calm_over_a_few_free_nodes_matches_walking_every_node() -> None:
     import random
 
     from benchmarks.cycle import synthetic_snapshot
-    from scheduler.stage1 import FreeDevices, _calm, _Fit
+    from scheduler.core.stage1 import FreeDevices, _calm, _Fit
 
     def walk(index, free, dpr: int, ranks: int):  # type: ignore[no-untyped-def]
         """The plain definition: every calm node in turn, by how many ranks it has room for."""
@@ -357,7 +357,7 @@ def test_calm_over_a_few_free_nodes_matches_walking_every_node() -> None:
 def test_decide_holds_off_the_garbage_collector_and_gives_it_back() -> None:
     import gc
 
-    from scheduler.placement_types import Decision
+    from scheduler.core.placement import Decision
 
     snap = cluster().node("a", rack="r1").holds("digits", shards=[0, 1]).pending(job(1, dataset="digits")).build()
     seen: list[bool] = []

@@ -1,0 +1,122 @@
+"""Fair share: decayed usage against normalized shares, Slurm's classic factor, and queue priority.
+
+Contract: pure functions; the only time they see is ``Snapshot.now_s`` (or an explicit argument).
+
+Normalisation (as Slurm's classic fair-share, flat: one level of users, no accounts):
+
+- ``S_norm(u) = shares(u) / sum of shares of every known user``, where the known users are those in
+  the shares table, those with usage, and the user asked about; a user without a shares entry has the
+  default share :data:`DEFAULT_SHARE` (1).
+- ``U_norm(u) = usage(u) / sum of usage of all users`` (0 when nobody has used anything).
+- ``F(u) = 2 ** (-U_norm / S_norm)``: 1.0 for a user with no usage, 0.5 for a user whose usage is
+  exactly their share, towards 0 for heavy users.  A user with zero shares and some usage gets 0.
+
+Priority of a pending job = ``fairshare_weight * F(user) + age_weight * min(1, age / age_max_s)``
+with ``age = now_s - pending_since_s``.  Queue order: priority descending, then ``submit_s``
+ascending, then job id ascending (:func:`order_key`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, Snapshot
+
+DEFAULT_SHARE = 1.0
+
+
+def decay(usage: float, elapsed_s: float, half_life_s: float) -> float:
+    """Usage after ``elapsed_s`` seconds of exponential decay with the given half-life."""
+    if elapsed_s <= 0:
+        return usage
+    if half_life_s <= 0:
+        return 0.0
+    return usage * 2.0 ** (-elapsed_s / half_life_s)
+
+
+def decay_all(usage: Mapping[str, float], elapsed_s: float, half_life_s: float) -> dict[str, float]:
+    """:func:`decay` applied to every user's usage."""
+    return {user: decay(u, elapsed_s, half_life_s) for user, u in usage.items()}
+
+
+def _share_table(shares: Mapping[str, float], users: Iterable[str]) -> dict[str, float]:
+    table = {u: float(s) for u, s in shares.items()}
+    for u in users:
+        table.setdefault(u, DEFAULT_SHARE)
+    return table
+
+
+def normalized_shares(shares: Mapping[str, float], users: Iterable[str] = ()) -> dict[str, float]:
+    """Each user's fraction of all shares; ``users`` not in ``shares`` get the default share first.
+
+    All zero (or no users) gives an empty or all-zero table, never a division by zero.
+    """
+    table = _share_table(shares, users)
+    total = sum(table.values())
+    if total <= 0:
+        return {u: 0.0 for u in table}
+    return {u: s / total for u, s in table.items()}
+
+
+def _factor(u_norm: float, s_norm: float) -> float:
+    if u_norm <= 0:
+        return 1.0
+    if s_norm <= 0:
+        return 0.0
+    return 2.0 ** (-u_norm / s_norm)
+
+
+def factor(user: str, usage: Mapping[str, float], shares: Mapping[str, float]) -> float:
+    """Slurm's classic fair-share factor ``2 ** (-U_norm / S_norm)`` of one user (see module doc)."""
+    return user_factors(usage, shares, (user,))[user]
+
+
+def user_factors(
+    usage: Mapping[str, float], shares: Mapping[str, float], users: Iterable[str] = ()
+) -> dict[str, float]:
+    """The factor of every user known from ``usage``, ``shares`` and ``users`` (one pass)."""
+    s_norm = normalized_shares(shares, [*usage, *users])
+    total_usage = sum(max(0.0, u) for u in usage.values())
+    return {
+        u: _factor(max(0.0, usage.get(u, 0.0)) / total_usage if total_usage > 0 else 0.0, s)
+        for u, s in s_norm.items()
+    }
+
+
+def age_factor(job: JobView, now_s: float, age_max_s: float) -> float:
+    """``min(1, age / age_max_s)`` for ``age = now_s - pending_since_s``, never negative."""
+    age = max(0.0, now_s - job.pending_since_s)
+    if age_max_s <= 0:
+        return 1.0
+    return min(1.0, age / age_max_s)
+
+
+def priority(
+    job: JobView, snapshot: Snapshot, cfg: PolicyConfig, factors: Mapping[str, float] | None = None
+) -> float:
+    """The job's priority (higher goes first).
+
+    ``factors`` (from :func:`user_factors` of the same snapshot) may be passed to avoid recomputing
+    them for every job; without it they are computed from the snapshot.
+    """
+    if factors is None or job.user not in factors:
+        f = factor(job.user, snapshot.usage, snapshot.shares)
+    else:
+        f = factors[job.user]
+    return cfg.fairshare_weight * f + cfg.age_weight * age_factor(job, snapshot.now_s, cfg.age_max_s)
+
+
+def order_key(job: JobView, prio: float) -> tuple[float, float, int]:
+    """The explicit tie-break: priority descending, submit time ascending, job id ascending."""
+    return (-prio, job.submit_s, job.id)
+
+
+def queue_order(
+    snapshot: Snapshot, cfg: PolicyConfig
+) -> tuple[list[JobView], dict[int, float], dict[int, float]]:
+    """Pending jobs in fair-share order, with each job's priority and fair-share factor by job id."""
+    factors = user_factors(snapshot.usage, snapshot.shares, (j.user for j in snapshot.pending))
+    prios = {j.id: priority(j, snapshot, cfg, factors) for j in snapshot.pending}
+    ordered = sorted(snapshot.pending, key=lambda j: order_key(j, prios[j.id]))
+    return ordered, prios, {j.id: factors[j.user] for j in snapshot.pending}

@@ -1,0 +1,152 @@
+"""job.toml: the schema of a training job, validated with pydantic (every error names its field).
+
+Example::
+
+    name = "resnet-digits"
+
+    [resources]
+    ranks = 2            # DDP processes (one per device group), all started together (a gang)
+    gpus_per_rank = 1    # devices each rank gets on its node
+
+    [data]
+    dataset = "digits"   # a data set made with `gsched data make`
+
+    [train]              # the built-in DDP ResNet-18 workload
+    epochs = 3
+    batch_size = 64      # per rank
+    lr = 0.05
+
+    [limits]
+    time = "30m"         # wall-clock limit: "90s", "2h30m", "1:30:00", "1-12:00:00" or seconds
+    max_restarts = 3     # requeues after node loss before the job fails
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from scheduler.core.durations import parse_duration
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DATASET_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+MAX_TIME_S = 30 * 24 * 3600
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Resources(_Strict):
+    ranks: int = Field(1, ge=1, le=512)
+    gpus_per_rank: int = Field(1, ge=1, le=16)
+
+
+class Data(_Strict):
+    dataset: str = Field(pattern=DATASET_PATTERN)
+
+    @field_validator("dataset")
+    @classmethod
+    def _no_dots(cls, v: str) -> str:
+        if ".." in v:
+            raise ValueError("must not contain '..'")
+        return v
+
+
+class Train(_Strict):
+    epochs: int = Field(3, ge=1, le=10000)
+    batch_size: int = Field(64, ge=1, le=65536)
+    lr: float = Field(0.05, gt=0, le=10)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0, le=1)
+    grad_accum_steps: int = Field(1, ge=1, le=1024)
+    lr_scaling: Literal["linear", "none"] = "none"
+    warmup_epochs: int = Field(0, ge=0, le=1000)
+    loader_workers: int = Field(0, ge=0, le=64)
+    eval_every: int = Field(1, ge=0, le=10000)
+    keep_checkpoints: int = Field(3, ge=0, le=10000)  # newest per-epoch checkpoints kept per copy; 0 keeps all
+    checkpoint: bool = True  # false: no checkpoints written; a requeued job starts again from epoch 0
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["auto", "bf16", "off"] = "auto"
+    channels_last: Literal["auto", "on", "off"] = "auto"
+    hflip: Literal["auto", "on", "off"] = "auto"  # auto: flip 3-channel images only (not digits)
+    crop_padding: int | Literal["auto"] = Field("auto")  # random-crop padding in pixels; auto: side // 8
+
+    @field_validator("crop_padding")
+    @classmethod
+    def _padding(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= 64:
+            raise ValueError("must be between 0 and 64, or 'auto'")
+        return v
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _keep(cls, v: int) -> int:
+        if v == 1:  # the newest is still being mirrored when the next one is written
+            raise ValueError("must be 0 (keep every one) or at least 2")
+        return v
+
+    @field_validator("lr", "momentum", "weight_decay", mode="before")
+    @classmethod
+    def _int_is_float(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class Limits(_Strict):
+    time: int | str = 3600
+    max_restarts: int = Field(3, ge=0, le=100)
+    retry_on_failure: int = Field(0, ge=0, le=100)
+
+    @field_validator("time")
+    @classmethod
+    def _parse_time(cls, v: int | str) -> int:
+        seconds = parse_duration(v)
+        if not 1 <= seconds <= MAX_TIME_S:
+            raise ValueError(f"must be between 1 second and {MAX_TIME_S // 86400} days")
+        return seconds
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    resources: Resources = Resources()
+    data: Data
+    train: Train = Train()
+    limits: Limits = Limits()
+
+    @property
+    def time_limit_s(self) -> int:
+        return int(self.limits.time)
+
+
+class JobSpecError(ValueError):
+    """A job spec was refused; ``errors`` holds one "field: message" line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def validate_spec(data: Any) -> JobSpec:
+    """Validate a parsed job.toml; raises ``JobSpecError`` with one message per bad field."""
+    if not isinstance(data, dict):
+        raise JobSpecError(["job spec must be a table"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise JobSpecError([_describe(err) for err in e.errors()]) from None
+
+
+def _describe(err: Any) -> str:
+    where = ".".join(str(p) for p in err.get("loc", ())) or "job"
+    kind = err.get("type", "")
+    msg = err.get("msg", "invalid")
+    if kind == "extra_forbidden":
+        msg = "unknown key (check the spelling; see the job.toml reference)"
+    elif kind == "missing":
+        msg = "required key is missing"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{where}: {msg}"

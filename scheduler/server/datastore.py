@@ -1,0 +1,94 @@
+"""Data sets on the server side: register a manifest, plan replica placement, change R.
+
+The server never touches shard bytes.  ``register_dataset`` stores the manifest, places R copies of
+each shard on up nodes (``scheduler.core.replicas.place_replicas``: each copy whole on one node where it
+fits, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
+ticket (HMAC from the peer key) that lets the uploader PUT exactly that shard with exactly that
+checksum on exactly that node.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
+from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.server.api_models import DatasetIn
+from scheduler.server.auth import Identity, ticket
+from scheduler.server.service import peer_key, record, require_person
+from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+
+
+def _node_bytes(s: Session) -> dict[str, int]:
+    sizes = {(sh.dataset, sh.index): sh.bytes for sh in s.scalars(select(Shard))}
+    out: dict[str, int] = defaultdict(int)
+    for r in s.scalars(select(Replica).where(Replica.state.in_(("healthy", "staging")))):
+        out[r.node] += sizes.get((r.dataset, r.shard), 0)
+    return out
+
+
+def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> dict[str, Any]:
+    require_person(who)
+    if s.get(Dataset, body.name) is not None:
+        raise Conflict(f"data set {body.name!r} already exists")
+    indexes = [sh.index for sh in body.shards]
+    if sorted(indexes) != list(range(len(indexes))):
+        raise Unprocessable("shards: indexes must be 0..N-1, each once", "shards")
+    up_nodes = list(s.scalars(select(Node).where(Node.state == "up").order_by(Node.name)))
+    up = [(n.name, n.rack) for n in up_nodes]
+    if not up:
+        raise Conflict("no node is up: start agents first (gsched agent ...)")
+    s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
+                  replicas_required=body.replicas, owner=who.name, created_at=now))
+    for sh in body.shards:
+        s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
+    plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas,
+                          node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
+    key = peer_key(s)
+    addresses = dict(s.execute(select(Node.name, Node.address)).all())
+    shas = {sh.index: sh.sha256 for sh in body.shards}
+    uploads = []
+    for index, nodes in sorted(plan.items()):
+        for node in nodes:
+            s.add(Replica(dataset=body.name, shard=index, node=node, state="staging", updated_at=now))
+            uploads.append({"shard": index, "node": node, "address": addresses[node],
+                            "ticket": ticket(key, "put", node, body.name, index, shas[index])})
+    record(s, now, who.actor, "data.make", f"{body.name}: {len(body.shards)} shards x {body.replicas} replicas")
+    warning = ""
+    if len(up) < body.replicas:
+        warning = f"only {len(up)} nodes are up: each shard gets {len(up)} of {body.replicas} copies for now"
+    return {"name": body.name, "uploads": uploads, "warning": warning}
+
+
+def require_dataset_owner(d: Dataset, who: Identity) -> None:
+    require_person(who)
+    if not (who.is_admin or d.owner == who.name):
+        raise Forbidden(f"data set {d.name!r} belongs to {d.owner}; only its owner or an admin may change it")
+
+
+def set_replicas(s: Session, now: float, who: Identity, name: str, replicas: int) -> dict[str, Any]:
+    """Change R (the data set's owner or an admin).  Raising it schedules copies (the cycle's replication
+    phase); lowering it drops extras."""
+    require_person(who)
+    d = s.get(Dataset, name)
+    if d is None:
+        raise NotFound(f"no data set {name!r}")
+    require_dataset_owner(d, who)
+    old = d.replicas_required
+    d.replicas_required = replicas
+    dropped = []
+    if replicas < old:
+        for sh in s.scalars(select(Shard).where(Shard.dataset == name)):
+            rows = sorted((r for r in s.scalars(select(Replica).where(Replica.dataset == name, Replica.shard == sh.index))
+                           if r.state == "healthy"), key=lambda r: r.node)
+            for r in rows[replicas:]:
+                dropped.append({"shard": sh.index, "node": r.node})
+                s.delete(r)
+                s.add(Transfer(job_id=None, dataset=name, shard=sh.index, src=r.node, dst=r.node, bytes=0,
+                               state="delete", created_at=now))
+    record(s, now, who.actor, "data.place", f"{name}: replicas {old} -> {replicas}")
+    return {"name": name, "replicas": replicas, "previous": old, "dropped": dropped}

@@ -1,0 +1,450 @@
+"""An agent's heartbeat: what the node reports, and what the server answers.
+
+Contract (called by ``POST /v1/agent/heartbeat`` with an agent identity bound to ``hb.node``):
+
+* the node, its devices and (when ``hb.replicas`` is not None) its full shard inventory are upserted;
+  a replica whose sha256 differs from the manifest is recorded ``corrupt``;
+* each reported rank updates its row; a rank the server does not expect (stale attempt, cancelled or
+  requeued job, node that was declared down) is answered with a kill;
+* metrics, checkpoints, log text and transfer results are stored, only for ranks and transfers the
+  server gave this node (an agent cannot write into another node's jobs);
+* the jobs touched are re-derived from their ranks (``sync_job``);
+* the reply lists the ranks the node must start or is still getting ready (idempotent: the agent
+  starts those it does not have and updates the others; a rank it reports RUNNING needs nothing more
+  and is left out, so a node in steady training costs the server a few queries per heartbeat, not a
+  dozen per rank), the ranks to kill, and the replica copies to make.
+
+Processing the same heartbeat twice is harmless: updates are absolute, and log text is keyed by offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from scheduler.core import lifecycle as st
+from scheduler.core.errors import Forbidden
+from scheduler.server.api_models import Heartbeat
+from scheduler.server.auth import Identity
+from scheduler.server.service import finish_job, forget_cluster_limits, peer_key, record, requeue_job
+from scheduler.store.models import (
+    Checkpoint,
+    Dataset,
+    Device,
+    Job,
+    LogChunk,
+    Metric,
+    Node,
+    Rank,
+    Replica,
+    Shard,
+    ShardAssignment,
+    Transfer,
+)
+
+LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
+
+
+def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0) -> dict[str, Any]:
+    if not who.is_agent or who.name != hb.node:
+        raise Forbidden(f"this token may not report for node {hb.node!r}")
+    node = s.get(Node, hb.node)
+    restarted = False
+    if node is None:
+        node = Node(name=hb.node, rack=hb.rack, address=hb.address, state="up", incarnation=hb.incarnation,
+                    last_seen=now)
+        s.add(node)
+        record(s, now, who.actor, "node.join", f"{hb.node} rack={hb.rack} devices={len(hb.devices)}", node=hb.node)
+    else:
+        restarted = node.incarnation != hb.incarnation
+        if node.state != "up":
+            record(s, now, who.actor, "node.up", f"{hb.node} is back", node=hb.node)
+            node.state = "up"
+            node.down_since = None
+        node.rack, node.address, node.incarnation, node.last_seen = hb.rack, hb.address, hb.incarnation, now
+    node.free_bytes = hb.free_bytes
+    _devices(s, hb)
+    if hb.replicas is not None:
+        _inventory(s, now, hb)
+    touched: set[int] = set()
+    kill: list[dict[str, int]] = []
+    here = _ranks(s, now, hb, restarted, touched, kill)
+    mine = _ranks_here(s, hb)
+    _logs(s, hb, mine)
+    _metrics(s, now, hb, touched, mine)
+    _transfers(s, now, hb)
+    for job_id in sorted(touched):
+        job = s.get(Job, job_id)
+        if job is not None:
+            sync_job(s, now, job, failure_grace_s)
+    s.flush()
+    return _reply(s, hb.node, kill, here)
+
+
+def _devices(s: Session, hb: Heartbeat) -> None:
+    have = {d.index: d for d in s.scalars(select(Device).where(Device.node == hb.node))}
+    seen = set()
+    changed = False
+    for d in hb.devices:
+        seen.add(d.index)
+        row = have.get(d.index)
+        if row is None:
+            s.add(Device(node=hb.node, index=d.index, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes,
+                         healthy=d.healthy))
+            changed = True
+        else:
+            changed = changed or row.healthy != d.healthy
+            row.kind, row.model, row.memory_bytes, row.healthy = d.kind, d.model, d.memory_bytes, d.healthy
+    for idx, row in have.items():
+        if idx not in seen:
+            s.delete(row)
+            changed = True
+    if changed:
+        forget_cluster_limits()
+
+
+def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
+    assert hb.replicas is not None
+    names = sorted({rep.dataset for rep in hb.replicas})
+    manifest = {(d, i): (sha, size) for d, i, sha, size in s.execute(
+        select(Shard.dataset, Shard.index, Shard.sha256, Shard.bytes).where(Shard.dataset.in_(names)))} if names else {}
+    rows = {(r.dataset, r.shard): r for r in s.scalars(select(Replica).where(Replica.node == hb.node))}
+    reported = set()
+    for rep in hb.replicas:
+        key = (rep.dataset, rep.shard)
+        sh = manifest.get(key)
+        if sh is None:
+            continue  # a file the cluster does not know; left alone
+        reported.add(key)
+        state = "healthy" if rep.sha256 == sh[0] and rep.bytes == sh[1] else "corrupt"
+        row = rows.get(key)
+        if row is None:
+            row = Replica(dataset=rep.dataset, shard=rep.shard, node=hb.node, state=state, updated_at=now)
+            s.add(row)
+        elif row.state != state:
+            if state == "corrupt":
+                record(s, now, f"agent:{hb.node}", "replica.corrupt", f"{rep.dataset}/{rep.shard} on {hb.node}: "
+                       f"sha256 {rep.sha256[:12]} != {sh[0][:12]}", node=hb.node)
+            row.state, row.updated_at = state, now
+    for key, row in rows.items():
+        if key not in reported and row.state != "staging":
+            if row.state != "missing":
+                row.state, row.updated_at = "missing", now
+
+
+def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int],
+           kill: list[dict[str, int]]) -> list[Rank]:
+    """Apply the reported ranks; returns the node's ranks that were not final before (the reply
+    picks the live and the killing ones among them, so it need not read them again)."""
+    rows = {(r.job_id, r.attempt, r.rank): r
+            for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(st.RANK_FINAL)))}
+    reported = set()
+    for rr in hb.ranks:
+        key = (rr.job_id, rr.attempt, rr.rank)
+        reported.add(key)
+        row = rows.get(key)
+        if row is None:
+            if rr.state not in ("EXITED", "KILLED"):
+                kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
+            continue
+        touched.add(row.job_id)
+        if rr.log_tail:
+            row.log_tail = rr.log_tail
+        if row.state == st.R_KILLING:
+            if rr.state in ("EXITED", "KILLED"):
+                row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+            else:
+                kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
+            continue
+        if rr.state == "EXITED":
+            row.state, row.exit_code, row.ended_at = st.R_EXITED, rr.exit_code, now
+        elif rr.state == "KILLED":
+            row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+        else:
+            row.state = rr.state
+            if rr.state == "RUNNING" and row.started_at is None:
+                row.started_at = now
+        job = s.get(Job, row.job_id)
+        if job is None:
+            continue
+        if rr.error:
+            job.progress = {**(job.progress or {}), "error": rr.error}
+            if rr.state == "EXITED" and rr.exit_code not in (0, None):
+                row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
+        if (rr.state == "EXITED" and rr.failure == "rendezvous" and job.state in st.ACTIVE
+                and job.attempt == row.attempt):
+            # Not the job's fault: back to the queue (max_restarts bounds it), its retries untouched.
+            requeue_job(s, now, job, f"{rr.error or 'rendezvous failed'} (rank {row.rank} on {hb.node})")
+            continue
+        if rr.master_port and row.rank == 0 and job.attempt == row.attempt and job.master_port is None:
+            job.master_port = rr.master_port
+        if rr.staging_s and rr.staging_total:
+            done = dict((job.progress or {}).get("staged_ranks", {}))
+            if str(row.rank) not in done:
+                done[str(row.rank)] = {"bytes": rr.staged_bytes, "seconds": rr.staging_s}
+                job.progress = {**(job.progress or {}), "staged_ranks": done}
+        if rr.state == "STAGING" and rr.staging_total:
+            stage = dict((job.progress or {}).get("staging", {}))
+            stage[str(row.rank)] = {"bytes": rr.staged_bytes, "total": rr.staging_total, "rate_bps": rr.staging_rate_bps}
+            job.progress = {**(job.progress or {}), "staging": stage}
+    # Ranks the agent no longer has: a restarted agent lost them, or they ended while unreported.
+    for key, row in rows.items():
+        if key in reported or row.state == st.R_ASSIGNED:
+            continue
+        if row.state == st.R_KILLING:
+            row.state, row.ended_at = st.R_KILLED, now
+        else:
+            row.state, row.exit_code, row.ended_at = st.R_KILLED, None, now
+            job = s.get(Job, row.job_id)
+            if job is not None and job.state in st.ACTIVE and job.attempt == row.attempt:
+                why = "restarted" if restarted else "lost the rank"
+                requeue_job(s, now, job, f"node {hb.node} {why} (rank {row.rank})")
+        touched.add(row.job_id)
+    return [rows[k] for k in sorted(rows)]
+
+
+def _ranks_here(s: Session, hb: Heartbeat) -> set[tuple[int, int, int]]:
+    """(job, attempt, rank) of every rank, in any state, that the server placed on this node and that
+    this heartbeat mentions in its logs or metrics."""
+    jobs = {c.job_id for c in hb.logs} | {m.job_id for m in hb.metrics}
+    if not jobs:
+        return set()
+    q = select(Rank.job_id, Rank.attempt, Rank.rank).where(Rank.node == hb.node, Rank.job_id.in_(jobs))
+    return {(j, a, r) for j, a, r in s.execute(q)}
+
+
+def _logs(s: Session, hb: Heartbeat, mine: set[tuple[int, int, int]]) -> None:
+    for chunk in hb.logs:
+        if chunk.text and (chunk.job_id, chunk.attempt, chunk.rank) in mine:
+            s.add(LogChunk(job_id=chunk.job_id, attempt=chunk.attempt, rank=chunk.rank, offset=0, text=chunk.text))
+
+
+def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set[tuple[int, int, int]]) -> None:
+    attempts_here = {(j, a) for j, a, _ in mine}
+    for m in hb.metrics:
+        job = s.get(Job, m.job_id)
+        if job is None or m.attempt != job.attempt or (m.job_id, m.attempt) not in attempts_here:
+            continue
+        line = m.line
+        kind = line.get("type")
+        epoch = line.get("epoch")
+        if kind == "epoch" and isinstance(epoch, int):
+            s.execute(delete(Metric).where(Metric.job_id == job.id, Metric.epoch == epoch))
+            s.add(Metric(job_id=job.id, attempt=m.attempt, epoch=epoch, data=line, time=now))
+            job.progress = {**(job.progress or {}), "epoch": epoch}
+        elif kind == "checkpoint" and isinstance(epoch, int):
+            nodes = [hb.node] + [n for n in line.get("mirrors", []) if isinstance(n, str)]
+            s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
+            s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
+                             bytes=int(line.get("bytes", 0) or 0), created_at=now))
+            keep = int(job.spec.get("train", {}).get("keep_checkpoints", 0) or 0)
+            if keep > 0:  # the agents deleted the older files; their rows go too
+                s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
+        elif kind == "progress":
+            job.progress = {**(job.progress or {}), "train": {k: line.get(k) for k in ("epoch", "step", "steps")}}
+        touched.add(job.id)
+
+
+def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
+    for t in hb.transfers:
+        row = s.get(Transfer, t.id)
+        if row is None or row.dst != hb.node:
+            continue
+        row.state, row.reason = t.state, t.reason
+        if t.state in ("done", "failed"):
+            row.ended_at = now
+        if t.state == "done":
+            row.bytes = t.bytes
+            node = s.get(Node, hb.node)
+            if node is not None:
+                node.staged_bytes += t.bytes
+
+
+def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> None:
+    """Derive an active job's state from the ranks of its current attempt (idempotent).
+
+    A rank that exited non-zero fails the job only ``failure_grace_s`` after it exited (the cycle
+    calls this again): when a node dies, its peers' ranks fail at once on the broken connection, and
+    the grace (the heartbeat TTL) lets the node's loss be noticed first, so the job is requeued and
+    resumed rather than failed.
+    """
+    if job.state not in st.ACTIVE:
+        return
+    ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+    if not ranks:
+        return
+    failed = [r for r in ranks if r.state == st.R_EXITED and r.exit_code != 0]
+    if failed:
+        if now - min(r.ended_at or now for r in failed) < failure_grace_s:
+            return
+        # The first observed failure is the likely cause (its peers then fail on the broken
+        # connection); a rank killed by a signal beats one that exited with an error at the same time.
+        failed.sort(key=lambda r: (r.ended_at or now, 0 if (r.exit_code or 0) < 0 else 1, r.rank))
+        r = failed[0]
+        tail = "\n".join((r.log_tail or "").strip().splitlines()[-10:])
+        why = _exit_words(r)
+        if len(failed) > 1:
+            why += "; then " + ", ".join(_exit_words(x) for x in failed[1:])
+        retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
+        if job.failures < retries:
+            job.failures += 1
+            requeue_job(s, now, job, f"{why}; retry {job.failures} of {retries}")
+            job.restarts -= 1  # a retry is counted in failures, not in node-loss restarts
+            return
+        finish_job(s, now, job, st.FAILED, f"{why}\n{tail}".strip())
+        return
+    if all(r.state == st.R_EXITED and r.exit_code == 0 for r in ranks):
+        finish_job(s, now, job, st.COMPLETED, "all ranks exited 0")
+        return
+    if any(r.state == st.R_KILLED for r in ranks):
+        return  # being torn down by a requeue or cancel
+    states = {r.state for r in ranks}
+    if st.R_RUNNING in states and states <= {st.R_RUNNING, st.R_EXITED}:
+        if job.state != st.RUNNING:
+            st.transition(job, st.RUNNING, "running")
+            job.started_at = job.started_at or now
+            job.progress = {k: v for k, v in (job.progress or {}).items() if k != "staging"} | {"staged": True}
+            _close_staging(s, now, job)
+            record(s, now, "server", "job.running", f"on {', '.join(sorted({r.node for r in ranks}))}", job_id=job.id)
+    elif states & {st.R_STAGING, st.R_READY, st.R_RUNNING} and job.state == st.BOUND:
+        st.transition(job, st.STAGING, "staging data and starting ranks")
+
+
+def _exit_words(r: Rank) -> str:
+    """``rank 1 on n2 exited with code -9 (SIGKILL)``: the rank, its node and how it ended."""
+    code = r.exit_code
+    words = f"rank {r.rank} on {r.node} exited with code {code}"
+    if code is not None and code < 0:
+        try:
+            words += f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return words
+
+
+class _NodeBook:
+    """Addresses and states of the nodes a reply names, loaded by name as needed (one small query per
+    batch of names), so a heartbeat never reads the whole node table."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+        self.rows: dict[str, tuple[str, str]] = {}
+
+    def load(self, names: set[str]) -> None:
+        missing = {n for n in names if n and n not in self.rows}
+        if missing:
+            for name, address, state in self.s.execute(
+                    select(Node.name, Node.address, Node.state).where(Node.name.in_(sorted(missing)))):
+                self.rows[name] = (address, state)
+            for n in missing:
+                self.rows.setdefault(n, ("", "unknown"))
+
+    def address(self, name: str) -> str:
+        return self.rows.get(name, ("", ""))[0]
+
+    def up(self, name: str) -> bool:
+        return self.rows.get(name, ("", ""))[1] == "up"
+
+
+MIRROR_PEERS = 3
+
+
+def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
+    """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
+    first (a checkpoint should survive its rack), then in an order stable per node but different for
+    each, so mirrors spread over the cluster instead of all landing on one node."""
+    rack = s.scalar(select(Node.rack).where(Node.name == node_name))
+    rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == "up", Node.name != node_name)).all()
+
+    def key(row: Any) -> tuple[bool, bytes]:
+        return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
+
+    return [{"name": n, "address": a} for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
+
+
+def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank]) -> dict[str, Any]:
+    """``here``: the node's ranks not final before this heartbeat (``_ranks``), states as updated since.
+    Under SQLite the transaction holds the write lock, so no rank is bound in the meantime; under
+    PostgreSQL a rank bound between the two reads goes out with the node's next heartbeat."""
+    assignments = []
+    live = [r for r in here if r.state in LIVE_RANK]
+    book = _NodeBook(s)
+    for r in live:
+        if r.state == st.R_RUNNING:
+            continue  # reported RUNNING by this very heartbeat: it has its port, shards and checkpoint
+        job = s.get(Job, r.job_id)
+        if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
+            continue
+        ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+        rank0 = next((x for x in ranks if x.rank == 0), None)
+        reads = list(s.scalars(select(ShardAssignment).where(ShardAssignment.job_id == job.id,
+                                                            ShardAssignment.attempt == job.attempt,
+                                                            ShardAssignment.rank == r.rank)
+                               .order_by(ShardAssignment.shard)))
+        dataset = s.get(Dataset, job.spec["data"]["dataset"])
+        wanted = {a.shard for a in reads}
+        shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
+            Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
+        holders: dict[int, list[str]] = {}
+        if dataset is not None and wanted:
+            for shard, node in s.execute(select(Replica.shard, Replica.node).where(
+                    Replica.dataset == dataset.name, Replica.state == "healthy", Replica.shard.in_(sorted(wanted)))):
+                holders.setdefault(shard, []).append(node)
+        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
+        book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
+                  | {n for ns in holders.values() for n in ns} | set(ckpt.nodes if ckpt else ()))
+        assignments.append({
+            "job_id": job.id, "attempt": job.attempt, "rank": r.rank, "local_rank": r.local_rank,
+            "world_size": len(ranks), "local_world_size": sum(1 for x in ranks if x.node == node_name),
+            "devices": r.devices,
+            "master_addr": book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
+            "master_port": job.master_port,
+            "train": job.spec.get("train", {}),
+            "num_classes": dataset.classes if dataset else 10,
+            "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas.get(a.shard, ""),
+                        "bytes": a.bytes, "source": a.source, "source_address": book.address(a.source),
+                        "alternates": [book.address(n) for n in sorted(holders.get(a.shard, []))
+                                       if n != a.source and book.up(n)]}
+                       for a in reads],
+            "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
+                        "addresses": [book.address(n) for n in ckpt.nodes]} if ckpt else None),
+        })
+    for r in (x for x in here if x.state == st.R_KILLING):
+        item = {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank}
+        if item not in kill:
+            kill.append(item)
+    transfers = []
+    mine = list(s.scalars(select(Transfer).where(Transfer.dst == node_name,
+                                                 Transfer.state.in_(("pending", "running", "delete")))
+                          .order_by(Transfer.id)))
+    pending = [t for t in mine if t.state != "delete"]
+    book.load({t.src for t in pending})
+    for t in pending:
+        sh = s.get(Shard, (t.dataset, t.shard))
+        if sh is None:
+            continue
+        t.state = "running"
+        transfers.append({"id": t.id, "dataset": t.dataset, "shard": t.shard, "sha256": sh.sha256, "bytes": sh.bytes,
+                          "source": t.src, "source_address": book.address(t.src)})
+    deletes = []
+    for t in (x for x in mine if x.state == "delete"):
+        t.state = "done"
+        deletes.append({"dataset": t.dataset, "shard": t.shard})
+    reply: dict[str, Any] = {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
+                             "peer_key": peer_key(s)}
+    if live:
+        reply["peers"] = _peers(s, node_name)  # only a node running ranks has checkpoints to mirror
+    return reply
+
+
+def _close_staging(s: Session, now: float, job: Job) -> None:
+    """Once every rank runs, the job's staged shards have arrived: count their bytes per node pair."""
+    for t in s.scalars(select(Transfer).where(Transfer.job_id == job.id, Transfer.state == "job")):
+        t.state, t.ended_at = "done", now
+        node = s.get(Node, t.dst)
+        if node is not None:
+            node.staged_bytes += t.bytes

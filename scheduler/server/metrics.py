@@ -1,0 +1,148 @@
+"""Observability reads of the server's state: Prometheus ``GET /metrics`` and the cluster history.
+
+Who calls: the API (``/metrics``, unauthenticated like most exporters; ``/v1/cluster/history``).
+Both are read-only and cheap (a handful of aggregate queries), so scraping every 15 s costs little.
+Values that only grow (decisions, bytes staged, cycles) are counters; everything else is a gauge
+of the current state.  Series (the ``_total`` suffix is added by the exposition format):
+
+==========================================  ======================================================
+``gsched_jobs{state}``                       jobs in each state (every state, 0 included)
+``gsched_jobs_pending_by_reason{reason}``    pending jobs by why they wait (``PENDING_KINDS``)
+``gsched_cycle_phase_seconds{phase}``        each phase's duration in the last cycle
+``gsched_cycle_last_timestamp_seconds``      when the last cycle ran (alert when it stops moving)
+``gsched_cycles_total``                      cycles recorded
+``gsched_decisions_total{decision}``         bind and requeue decisions so far (from the event log)
+``gsched_devices{use}``                      devices ``busy`` and ``total`` at the last cycle
+``gsched_staged_bytes_total{kind}``          bytes copied between nodes: ``staging`` or ``replication``
+``gsched_node_up{node}``                     1 while a node heartbeats, 0 once it is declared down
+``gsched_node_heartbeat_age_seconds{node}``  seconds since each node's last heartbeat
+``gsched_fairshare_factor{user}``            2^(-usage/shares), 1 for a user who used nothing
+``gsched_fairshare_usage_device_seconds``    decayed usage per user
+``gsched_fairshare_shares{user}``            configured shares per user
+==========================================  ======================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.core import lifecycle as st
+from scheduler.store.models import ClusterSample, Event, Job, Node, Transfer
+
+DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
+
+
+PENDING_KINDS = ("new", "devices_busy", "locality_wait", "reserved", "too_large", "data_missing", "queue_order",
+                 "requeued", "other")
+
+
+def pending_reason_kind(reason: str) -> str:
+    """A pending reason folded into a few label values, so the series' cardinality stays small."""
+    r = (reason or "").lower()
+    for needle, kind in (("locality", "locality_wait"), ("reserved", "reserved"), ("devices busy", "devices_busy"),
+                         ("more devices than", "too_large"), ("do not fit", "too_large"),
+                         ("largest node", "too_large"), ("no copy", "data_missing"), ("data set", "data_missing"),
+                         ("fifo", "queue_order"), ("submitted", "new"), ("next cycle", "new"), ("requeued", "requeued")):
+        if needle in r:
+            return kind
+    return "other"
+
+
+def history_rows(s: Session, since: float | None, limit: int) -> list[dict[str, Any]]:
+    """``GET /v1/cluster/history``: the latest ``limit`` cluster samples at or after ``since``, oldest first."""
+    q = select(ClusterSample)
+    if since is not None:
+        q = q.where(ClusterSample.time >= since)
+    rows = list(s.scalars(q.order_by(ClusterSample.time.desc(), ClusterSample.id.desc()).limit(limit)))
+    return [{"time": r.time, "devices_total": r.devices_total, "devices_busy": r.devices_busy, "pending": r.pending,
+             "running": r.running, "durations": r.durations or {}} for r in reversed(rows)]
+
+
+def collect(s: Session, ctx: Any) -> Iterator[Any]:
+    """The metric families, read from the database now (one consistent-enough look per scrape)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from scheduler.server.views import share_rows
+
+    now = ctx.clock.now()
+    jobs = GaugeMetricFamily("gsched_jobs", "Jobs by state", labels=["state"])
+    counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+    for state in sorted(st.TRANSITIONS):
+        jobs.add_metric([state], counts.get(state, 0))
+    yield jobs
+
+    why = GaugeMetricFamily("gsched_jobs_pending_by_reason", "Pending jobs by why they wait", labels=["reason"])
+    kinds = Counter(pending_reason_kind(r) for r in s.scalars(select(Job.reason).where(Job.state == st.PENDING)))
+    for kind in PENDING_KINDS:  # every kind, 0 included, so dashboards see stable series
+        why.add_metric([kind], kinds.get(kind, 0))
+    yield why
+
+    last = s.scalars(select(ClusterSample).order_by(ClusterSample.id.desc()).limit(1)).first()
+    phase = GaugeMetricFamily("gsched_cycle_phase_seconds", "Duration of each phase in the last cycle",
+                              labels=["phase"])
+    for name, value in sorted(((last.durations or {}) if last else {}).items()):
+        phase.add_metric([name], float(value))
+    yield phase
+    yield GaugeMetricFamily("gsched_cycle_last_timestamp_seconds", "When the last cycle ran (Unix time)",
+                            value=last.time if last else 0.0)
+    yield CounterMetricFamily("gsched_cycles", "Scheduling cycles recorded",
+                              value=s.scalar(select(func.count()).select_from(ClusterSample)) or 0)
+
+    decisions = CounterMetricFamily("gsched_decisions", "Scheduling decisions so far", labels=["decision"])
+    by_kind = dict(s.execute(select(Event.kind, func.count()).where(Event.kind.in_(DECISIONS))
+                             .group_by(Event.kind)).all())
+    for kind, label in sorted(DECISIONS.items(), key=lambda kv: kv[1]):
+        decisions.add_metric([label], by_kind.get(kind, 0))
+    yield decisions
+
+    devices = GaugeMetricFamily("gsched_devices", "Devices at the last cycle", labels=["use"])
+    devices.add_metric(["busy"], last.devices_busy if last else 0)
+    devices.add_metric(["total"], last.devices_total if last else 0)
+    yield devices
+
+    moved = CounterMetricFamily("gsched_staged_bytes", "Bytes copied between nodes", labels=["kind"])
+    done = dict(s.execute(select(Transfer.job_id.is_(None), func.sum(Transfer.bytes)).where(Transfer.state == "done")
+                          .group_by(Transfer.job_id.is_(None))).all())
+    moved.add_metric(["staging"], float(done.get(False) or 0))
+    moved.add_metric(["replication"], float(done.get(True) or 0))
+    yield moved
+
+    up = GaugeMetricFamily("gsched_node_up", "1 while a node heartbeats, 0 once declared down", labels=["node"])
+    age = GaugeMetricFamily("gsched_node_heartbeat_age_seconds", "Seconds since each node's last heartbeat",
+                            labels=["node"])
+    for n in s.scalars(select(Node).order_by(Node.name)):
+        up.add_metric([n.name], 1 if n.state == "up" else 0)
+        age.add_metric([n.name], max(0.0, now - n.last_seen))
+    yield up
+    yield age
+
+    factor = GaugeMetricFamily("gsched_fairshare_factor", "Fair-share factor per user", labels=["user"])
+    usage = GaugeMetricFamily("gsched_fairshare_usage_device_seconds", "Decayed usage per user", labels=["user"])
+    shares = GaugeMetricFamily("gsched_fairshare_shares", "Shares per user", labels=["user"])
+    for row in share_rows(s, now, ctx.settings.policy):
+        factor.add_metric([row["user"]], row["factor"])
+        usage.add_metric([row["user"]], row["usage"])
+        shares.add_metric([row["user"]], row["shares"])
+    yield factor
+    yield usage
+    yield shares
+
+
+def render(s: Session, ctx: Any) -> str:
+    """The Prometheus text exposition (format 0.0.4) of ``collect``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    families = list(collect(s, ctx))
+
+    class _Snapshot:
+        def collect(self) -> list[Any]:
+            return families
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Snapshot())  # type: ignore[arg-type]
+    return generate_latest(reg).decode()

@@ -1,0 +1,442 @@
+"""What the API does, over one database transaction at a time.
+
+Every function takes an open ``Session`` and the caller's ``Identity``; permission checks happen
+here (not in the routes) so every entry point obeys the same rules: anybody may read the queue, only
+a job's owner or an admin may act on it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import weakref
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from scheduler.core import lifecycle as st
+from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
+from scheduler.core.jobspec import JobSpecError, validate_spec
+from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
+from scheduler.store.models import (
+    AgentToken,
+    Checkpoint,
+    Dataset,
+    Device,
+    Event,
+    Job,
+    LogChunk,
+    Metric,
+    Node,
+    Rank,
+    Replica,
+    Shard,
+    ShardAssignment,
+    Transfer,
+    User,
+)
+
+USER_NAME_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+
+def record(s: Session, now: float, actor: str, kind: str, message: str = "",
+           job_id: int | None = None, node: str | None = None) -> None:
+    s.add(Event(time=now, actor=actor, kind=kind, message=message, job_id=job_id, node=node))
+
+
+def get_setting(s: Session, key: str, make: Any = None) -> str | None:
+    from scheduler.store.models import Setting
+
+    row = s.get(Setting, key)
+    if row is None and make is not None:
+        row = Setting(key=key, value=make())
+        s.add(row)
+        s.flush()
+    return row.value if row else None
+
+
+def peer_key(s: Session) -> str:
+    return get_setting(s, "peer_key", make=lambda: secrets.token_hex(32)) or ""
+
+
+# ---------------------------------------------------------------- identities
+
+
+def authenticate(s: Session, token: str | None) -> Identity | None:
+    if not token:
+        return None
+    h = hash_token(token)
+    if token.startswith(USER_PREFIX):
+        user = s.scalar(select(User).where(User.token_hash == h))
+        if user is not None:
+            return Identity("admin" if user.role == "admin" else "user", user.name)
+    elif token.startswith(AGENT_PREFIX):
+        at = s.scalar(select(AgentToken).where(AgentToken.token_hash == h))
+        if at is not None:
+            return Identity("agent", at.node)
+    return None
+
+
+def require_admin(who: Identity) -> None:
+    if not who.is_admin:
+        raise Forbidden("only an admin may do this")
+
+
+def require_person(who: Identity) -> None:
+    if who.is_agent:
+        raise Forbidden("agent tokens cannot act as users")
+
+
+def add_user(s: Session, now: float, who: Identity | None, name: str, shares: float, role: str = "user") -> str:
+    """Create a user; returns its token (shown once).  ``who`` None means bootstrap by the server."""
+    import re
+
+    if who is not None:
+        require_admin(who)
+    if not re.fullmatch(USER_NAME_RE, name):
+        raise Unprocessable(f"name: {name!r} is not a valid user name (lowercase letters, digits, _ and -)", "name")
+    if not (0 < shares <= 1e6):
+        raise Unprocessable("shares: must be a number greater than 0", "shares")
+    if role not in ("user", "admin"):
+        raise Unprocessable("role: must be 'user' or 'admin'", "role")
+    if s.get(User, name) is not None:
+        raise Conflict(f"user {name!r} already exists")
+    token = new_token(USER_PREFIX)
+    s.add(User(name=name, token_hash=hash_token(token), shares=float(shares), role=role, created_at=now))
+    record(s, now, who.actor if who else "server", "user.add", f"{name} shares={shares} role={role}")
+    return token
+
+
+def set_shares(s: Session, now: float, who: Identity, name: str, shares: float) -> None:
+    require_admin(who)
+    user = s.get(User, name)
+    if user is None:
+        raise NotFound(f"no user {name!r}")
+    if not (0 < shares <= 1e6):
+        raise Unprocessable("shares: must be a number greater than 0", "shares")
+    user.shares = float(shares)
+    record(s, now, who.actor, "user.shares", f"{name} shares={shares}")
+
+
+def remove_user(s: Session, now: float, who: Identity, name: str) -> None:
+    require_admin(who)
+    user = s.get(User, name)
+    if user is None:
+        raise NotFound(f"no user {name!r}")
+    if user.role == "admin" and s.scalar(select(func.count()).select_from(User).where(User.role == "admin")) == 1:
+        raise Conflict(f"{name!r} is the last admin: add another admin first (gsched user add NAME --admin)")
+    s.delete(user)
+    record(s, now, who.actor, "user.remove", name)
+
+
+def list_users(s: Session, who: Identity) -> list[dict[str, Any]]:
+    require_admin(who)
+    return [{"name": u.name, "shares": u.shares, "role": u.role}
+            for u in s.scalars(select(User).order_by(User.name))]
+
+
+def create_agent_token(s: Session, now: float, who: Identity, node: str) -> str:
+    import re
+
+    require_admin(who)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):
+        raise Unprocessable(f"node: {node!r} is not a valid node name", "node")
+    token = new_token(AGENT_PREFIX)
+    s.add(AgentToken(node=node, token_hash=hash_token(token), created_at=now))
+    record(s, now, who.actor, "agent-token.create", node, node=node)
+    return token
+
+
+# ---------------------------------------------------------------- jobs
+
+
+_LIMITS_TTL_S = 2.0
+_limits_cache: weakref.WeakKeyDictionary[Any, tuple[float, tuple[int, int]]] = weakref.WeakKeyDictionary()
+
+
+def forget_cluster_limits() -> None:
+    """Called when a heartbeat adds, removes or changes devices: the next submit recounts."""
+    _limits_cache.clear()
+
+
+def cluster_limits(s: Session) -> tuple[int, int]:
+    """(most healthy devices on one node, healthy devices in the whole cluster), over known nodes.
+
+    Counting 8,000 devices costs a few ms, more than the rest of a submit, so the answer is kept for
+    ``_LIMITS_TTL_S`` per database and dropped at once when this process sees devices change; another
+    server process on the same database sees a change at most that late."""
+    key = s.get_bind()
+    hit = _limits_cache.get(key)
+    if hit is not None and time.monotonic() - hit[0] < _LIMITS_TTL_S:
+        return hit[1]
+    per_node = (select(func.count().label("n")).where(Device.healthy.is_(True)).group_by(Device.node)).subquery()
+    most, total = s.execute(select(func.max(per_node.c.n), func.sum(per_node.c.n))).one()
+    value = (int(most or 0), int(total or 0))
+    _limits_cache[key] = (time.monotonic(), value)
+    return value
+
+
+def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None) -> tuple[int, bool]:
+    """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
+
+    With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
+    """
+    require_person(who)
+    if client_request_id is not None:
+        existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
+        if existing is not None:
+            return existing.id, False
+    try:
+        spec = validate_spec(spec_doc)
+    except JobSpecError as e:
+        raise Unprocessable("invalid job spec: " + "; ".join(e.errors), e.errors[0].split(":")[0]) from None
+    if s.get(Dataset, spec.data.dataset) is None:
+        known = ", ".join(s.scalars(select(Dataset.name).order_by(Dataset.name))) or "none yet"
+        raise Unprocessable(f"data.dataset: no data set {spec.data.dataset!r} (known: {known})", "data.dataset")
+    per_node, total = cluster_limits(s)
+    need = spec.resources.ranks * spec.resources.gpus_per_rank
+    if spec.resources.gpus_per_rank > per_node:
+        raise Unprocessable(f"resources.gpus_per_rank: {spec.resources.gpus_per_rank} devices per rank, but no node "
+                            f"has more than {per_node}", "resources.gpus_per_rank")
+    if need > total:
+        raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
+                            f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
+    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=st.PENDING, reason="submitted",
+              client_request_id=client_request_id, submitted_at=now, pending_since=now,
+              explain={}, progress={})
+    if client_request_id is not None:
+        # Two retries racing: the unique (user, client_request_id) lets only one insert win.
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with s.begin_nested():
+                s.add(job)
+                s.flush()
+        except IntegrityError:
+            existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
+            if existing is None:
+                raise
+            return existing.id, False
+    else:
+        s.add(job)
+        s.flush()
+    record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
+           f"{spec.data.dataset}", job_id=job.id)
+    return job.id, True
+
+
+def get_job(s: Session, job_id: int) -> Job:
+    job = s.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def require_owner(job: Job, who: Identity) -> None:
+    require_person(who)
+    if not (who.is_admin or job.user == who.name):
+        raise Forbidden(f"job {job.id} belongs to {job.user}; only its owner or an admin may do this")
+
+
+def stop_ranks(s: Session, job: Job) -> None:
+    """Ask the agents to stop every live rank of the job (they report KILLED; devices free then)."""
+    for r in s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.state.not_in(st.RANK_FINAL))):
+        if r.state == st.R_ASSIGNED and r.started_at is None:
+            # Never started: nothing to kill on the node, but the agent may already be staging.
+            r.state = st.R_KILLING
+        else:
+            r.state = st.R_KILLING
+
+
+def cancel_job(s: Session, now: float, who: Identity, job_id: int) -> str:
+    job = get_job(s, job_id)
+    require_owner(job, who)
+    if job.state in st.FINAL:
+        raise Conflict(f"job {job_id} is already {job.state}")
+    st.transition(job, st.CANCELLED, f"cancelled by {who.name}")
+    job.ended_at = now
+    stop_ranks(s, job)
+    record(s, now, who.actor, "job.cancel", "", job_id=job.id)
+    return job.state
+
+
+def finish_job(s: Session, now: float, job: Job, state: str, reason: str) -> None:
+    st.transition(job, state, reason)
+    job.ended_at = now
+    stop_ranks(s, job)
+    record(s, now, "server", f"job.{state.lower()}", reason, job_id=job.id)
+
+
+def requeue_job(s: Session, now: float, job: Job, reason: str) -> None:
+    """Put an active job back in the queue after losing a node; fail it past max_restarts."""
+    max_restarts = int(job.spec.get("limits", {}).get("max_restarts", 3))
+    stop_ranks(s, job)
+    if job.restarts >= max_restarts:
+        earlier = [e.message for e in s.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "job.requeue")
+                                                .order_by(Event.id))]
+        history = "".join(f"\n  earlier: {m}" for m in earlier)
+        finish_job(s, now, job, st.FAILED,
+                   f"{reason}; gave up after {job.restarts} restarts (max_restarts={max_restarts}){history}")
+        return
+    st.transition(job, st.PENDING, f"requeued: {reason}")
+    job.restarts += 1
+    job.pending_since = now
+    job.locality_wait_since = None
+    job.master_port = None
+    record(s, now, "server", "job.requeue", f"{reason} (restart {job.restarts})", job_id=job.id)
+
+
+def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list[dict[str, Any]]:
+    q = select(Job)
+    if not include_done:
+        q = q.where(Job.state.not_in(st.FINAL))
+    q = q.order_by(Job.id.desc()).limit(limit)
+    jobs = list(s.scalars(q))
+    ids = [j.id for j in jobs]
+    nodes_by_job: dict[tuple[int, int], set[str]] = defaultdict(set)
+    if ids:
+        for jid, attempt, node in s.execute(select(Rank.job_id, Rank.attempt, Rank.node).where(Rank.job_id.in_(ids))):
+            nodes_by_job[(jid, attempt)].add(node)
+    last_epoch: dict[int, int] = {}
+    if ids:
+        for jid, ep in s.execute(select(Metric.job_id, func.max(Metric.epoch)).where(Metric.job_id.in_(ids))
+                                 .group_by(Metric.job_id)):
+            last_epoch[jid] = ep
+    return [job_summary(j, sorted(nodes_by_job.get((j.id, j.attempt), set())), last_epoch.get(j.id, 0))
+            for j in sorted(jobs, key=lambda j: j.id)]
+
+
+def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
+    spec = j.spec or {}
+    res = spec.get("resources", {})
+    return {
+        "id": j.id,
+        "name": j.name,
+        "user": j.user,
+        "state": j.state,
+        "ranks": res.get("ranks", 1),
+        "gpus_per_rank": res.get("gpus_per_rank", 1),
+        "dataset": spec.get("data", {}).get("dataset"),
+        "nodes": nodes,
+        "local_fraction": j.local_fraction,
+        "transfer_bytes": j.transfer_bytes,
+        "factor": j.factor,
+        "priority": j.priority,
+        "submitted_at": j.submitted_at,
+        "pending_since": j.pending_since,
+        "started_at": j.started_at,
+        "ended_at": j.ended_at,
+        "epochs": spec.get("train", {}).get("epochs", 0),
+        "epochs_done": epochs_done,
+        "restarts": j.restarts,
+        "reason": j.reason,
+        "progress": j.progress or {},
+    }
+
+
+def job_detail(s: Session, job: Job, with_logs: bool = True) -> dict[str, Any]:
+    """Everything about one job.  Without ``with_logs`` (a reader who is not its owner or an admin), the
+    ranks' log tails are left out: only the owner and admins may read a job's output."""
+    ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt).order_by(Rank.rank)))
+    assigns = list(s.scalars(select(ShardAssignment).where(ShardAssignment.job_id == job.id,
+                                                          ShardAssignment.attempt == job.attempt)
+                             .order_by(ShardAssignment.rank, ShardAssignment.shard)))
+    metrics = list(s.scalars(select(Metric).where(Metric.job_id == job.id).order_by(Metric.epoch, Metric.id)))
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for m in metrics:  # the latest attempt's figure for an epoch wins
+        by_epoch[m.epoch] = {"epoch": m.epoch, **{k: v for k, v in (m.data or {}).items() if k not in ("type", "epoch")}}
+    ckpts = list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch)))
+    events = list(s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id).limit(200)))
+    history = list(s.scalars(select(Rank).where(Rank.job_id == job.id).order_by(Rank.attempt, Rank.rank)))
+    doc = job_summary(job, sorted({r.node for r in ranks}), max(by_epoch, default=0))
+    doc.update({
+        "spec": job.spec,
+        "attempt": job.attempt,
+        "ranks": [{"rank": r.rank, "node": r.node, "devices": r.devices, "state": r.state,
+                   "exit_code": r.exit_code, "log_tail": r.log_tail if with_logs else ""} for r in ranks],
+        "rank_count": (job.spec or {}).get("resources", {}).get("ranks", 1),
+        "shards": [{"shard": a.shard, "rank": a.rank, "node": a.node, "source": a.source,
+                    "local": a.source == a.node, "bytes": a.bytes, "staged_bytes": a.staged_bytes} for a in assigns],
+        "metrics": [by_epoch[e] for e in sorted(by_epoch)],
+        "checkpoints": [{"epoch": c.epoch, "path": c.path, "nodes": c.nodes, "bytes": c.bytes} for c in ckpts],
+        "events": [{"time": e.time, "actor": e.actor, "kind": e.kind, "message": e.message} for e in events],
+        "history": [{"attempt": r.attempt, "rank": r.rank, "node": r.node, "devices": r.devices, "state": r.state,
+                     "exit_code": r.exit_code, "bound_at": r.bound_at, "started_at": r.started_at,
+                     "ended_at": r.ended_at} for r in history],
+        "explain": job.explain or {},
+        "transfer_cost_ms": job.transfer_cost_ms,
+        "master_port": job.master_port,  # the rendezvous port rank 0 listens on (this attempt)
+    })
+    return doc
+
+
+def job_logs(s: Session, job: Job, rank: int | None, after_id: int = 0, limit: int = 2000) -> dict[str, Any]:
+    q = select(LogChunk).where(LogChunk.job_id == job.id, LogChunk.id > after_id)
+    if rank is not None:
+        q = q.where(LogChunk.rank == rank)
+    chunks = list(s.scalars(q.order_by(LogChunk.id).limit(limit)))
+    return {"job": job.id, "state": job.state, "next": chunks[-1].id if chunks else after_id,
+            "chunks": [{"rank": c.rank, "attempt": c.attempt, "text": c.text} for c in chunks]}
+
+
+# ---------------------------------------------------------------- nodes and data
+
+
+def node_rows(s: Session) -> list[dict[str, Any]]:
+    busy: dict[str, int] = defaultdict(int)
+    for node, devs in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(st.RANK_FINAL))):
+        busy[node] += len(devs or [])
+    devices: dict[str, list[Device]] = defaultdict(list)
+    for d in s.scalars(select(Device).order_by(Device.node, Device.index)):
+        devices[d.node].append(d)
+    held: dict[str, int] = defaultdict(int)
+    for node, count in s.execute(
+            select(Replica.node, func.count()).where(Replica.state == "healthy").group_by(Replica.node)):
+        held[node] = count
+    out = []
+    for n in s.scalars(select(Node).order_by(Node.name)):
+        healthy = sum(1 for d in devices[n.name] if d.healthy)
+        out.append({
+            "name": n.name, "rack": n.rack, "state": n.state, "address": n.address, "last_seen": n.last_seen,
+            "devices": healthy, "devices_free": max(0, healthy - busy[n.name]) if n.state == "up" else 0,
+            "device_kind": devices[n.name][0].kind if devices[n.name] else "",
+            "device_model": devices[n.name][0].model if devices[n.name] else "",
+            "shards": held[n.name], "staged_bytes": n.staged_bytes, "free_bytes": n.free_bytes,
+        })
+    return out
+
+
+def dataset_rows(s: Session) -> list[dict[str, Any]]:
+    replicas: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
+    up = {n.name for n in s.scalars(select(Node).where(Node.state == "up"))}
+    for r in s.scalars(select(Replica).order_by(Replica.dataset, Replica.shard, Replica.node)):
+        state = r.state if r.node in up or r.state != "healthy" else "missing"
+        replicas[(r.dataset, r.shard)].append({"node": r.node, "state": state})
+    out: list[dict[str, Any]] = []
+    for d in s.scalars(select(Dataset).order_by(Dataset.name)):
+        shards: list[dict[str, Any]] = []
+        for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
+            shards.append({"index": sh.index, "bytes": sh.bytes, "sha256": sh.sha256, "samples": sh.samples,
+                           "replicas": replicas.get((d.name, sh.index), [])})
+        healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == "healthy") for sh in shards), default=0)
+        out.append({"name": d.name, "source": d.source, "classes": d.classes, "image_shape": d.image_shape,
+                    "replicas_required": d.replicas_required, "replicas_healthy_min": healthy_min,
+                    "bytes": sum(sh["bytes"] for sh in shards), "samples": sum(sh["samples"] for sh in shards),
+                    "shards": shards})
+    return out
+
+
+def transfer_rows(s: Session) -> list[dict[str, Any]]:
+    """Bytes moved per node pair: staging for jobs and re-replication, finished transfers only."""
+    q = (select(Transfer.src, Transfer.dst, Transfer.job_id.is_(None), func.count(), func.sum(Transfer.bytes))
+         .where(Transfer.state == "done", Transfer.src != Transfer.dst)
+         .group_by(Transfer.src, Transfer.dst, Transfer.job_id.is_(None)))
+    return [{"src": src, "dst": dst, "kind": "replication" if repl else "staging", "transfers": n, "bytes": int(b or 0)}
+            for src, dst, repl, n, b in s.execute(q)]
+
+
+def delete_job_data(s: Session, job_id: int) -> None:  # used by tests that reset state
+    for model in (Rank, ShardAssignment, Metric, Checkpoint, LogChunk, Transfer):
+        s.execute(delete(model).where(model.job_id == job_id))  # type: ignore[attr-defined]

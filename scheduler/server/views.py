@@ -1,0 +1,52 @@
+"""Read-only views shared by the API and the CLI's JSON output: queue, share, explain, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scheduler.core.fairshare import decay, factor
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.auth import Identity
+from scheduler.server.service import node_rows, queue_rows
+from scheduler.store.models import Event, Job, Usage, User
+
+
+def share_rows(s: Session, now: float, policy: PolicyConfig) -> list[dict[str, Any]]:
+    """Like ``sshare``: each user's shares, decayed usage (device-seconds, as of now) and factor."""
+    users = list(s.scalars(select(User).order_by(User.name)))
+    usage_rows = {u.user: u for u in s.scalars(select(Usage))}
+    usage = {}
+    for u in users:
+        row = usage_rows.get(u.name)
+        usage[u.name] = decay(row.device_seconds, max(0.0, now - row.updated_at), policy.usage_half_life_s) if row else 0.0
+    shares = {u.name: u.shares for u in users}
+    total_shares = sum(shares.values()) or 1.0
+    return [{"user": u.name, "shares": u.shares, "norm_shares": u.shares / total_shares,
+             "usage": round(usage[u.name], 3), "factor": round(factor(u.name, usage, shares), 6)} for u in users]
+
+
+def queue_view(s: Session, now: float, policy: PolicyConfig, include_done: bool = False) -> dict[str, Any]:
+    return {"time": now, "jobs": queue_rows(s, include_done=include_done), "users": share_rows(s, now, policy),
+            "nodes": node_rows(s)}
+
+
+def explain_view(s: Session, job: Job) -> dict[str, Any]:
+    ex = job.explain or {}
+    return {"job": job.id, "state": job.state, "user": job.user, "factor": ex.get("factor", job.factor),
+            "priority": ex.get("priority", job.priority), "queue_position": ex.get("queue_position"),
+            "queue_length": ex.get("queue_length"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
+            "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
+            "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
+            "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}
+
+
+def events_view(s: Session, who: Identity, job_id: int | None, limit: int) -> list[dict[str, Any]]:
+    q = select(Event)
+    if job_id is not None:
+        q = q.where(Event.job_id == job_id)
+    rows = list(s.scalars(q.order_by(Event.id.desc()).limit(limit)))
+    return [{"id": e.id, "time": e.time, "actor": e.actor, "kind": e.kind, "job": e.job_id, "node": e.node,
+             "message": e.message} for e in reversed(rows)]

@@ -1,0 +1,182 @@
+"""Engine, sessions and migrations.
+
+``open_database(url)`` returns a ``Database`` whose ``session()`` is a context manager giving one
+transaction.  SQLite gets WAL, a busy timeout and foreign keys; writes are serialised with a process
+lock because SQLite allows one writer, and between processes (the server and its cycle process) by a
+``flock`` on ``<database>.writer`` (``_WriterLock``), with ``BEGIN IMMEDIATE`` behind it.  PostgreSQL
+uses the engine's pool as it is.
+
+Under SQLite every session is one real transaction from its first statement (``BEGIN`` is emitted by
+us, not by the sqlite3 module, which would start it only at the first write): a read session sees one
+consistent state, and savepoints nest inside the transaction instead of committing it.
+
+``read()`` gives a session for reading only: it takes no write lock (under WAL, SQLite readers never
+wait for the writer), so authentication, the GET routes and the cycle's snapshot do not queue behind
+heartbeats and bindings.  It is always rolled back, and a flush in it is an error, so a write slipped
+into a read path fails loudly instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+class Database:
+    def __init__(self, url: str, autocheckpoint: bool = True) -> None:
+        """``autocheckpoint=False`` (the server's HTTP process): this process's commits never copy the
+        WAL back into the database file; another process calls ``checkpoint()`` (the cycle process,
+        after each cycle).  A checkpoint with fsync inside a heartbeat batch's commit stalled every
+        heartbeat behind it for about 100 ms."""
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        kwargs: dict = {}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            # One connection per server thread (40 request threads, the cycle and the timer) kept
+            # open: a new SQLite connection re-runs the pragmas and re-parses the schema on its first
+            # statement, and the default pool (5 + 10 overflow, overflow closed on return) did that
+            # for every tenth heartbeat under load.
+            kwargs["pool_size"] = 64
+            kwargs["max_overflow"] = 64
+        else:
+            kwargs["pool_pre_ping"] = True
+            kwargs["pool_size"] = 10
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+            if not autocheckpoint:
+                event.listen(self.engine, "connect", _no_autocheckpoint)
+            event.listen(self.engine, "begin", _sqlite_begin)
+        # Write sessions take SQLite's write lock when they begin (BEGIN IMMEDIATE): the cycle runs in
+        # its own process, and a deferred transaction that read first could not later write after
+        # the other process committed (SQLITE_BUSY at once, no waiting).
+        writer = self.engine.execution_options(sqlite_begin="BEGIN IMMEDIATE") if self.is_sqlite else self.engine
+        self._factory = sessionmaker(writer, expire_on_commit=False)
+        self._reader = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        event.listen(self._reader, "before_flush", _refuse_flush)
+        self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on normal exit, rolled back on exception."""
+        lock = self._write_lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            with self._factory() as s, s.begin():
+                yield s
+        finally:
+            if lock is not None:
+                lock.release()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session: no write lock, rolled back at the end; flushing raises."""
+        with self._reader() as s:
+            try:
+                yield s
+            finally:
+                s.rollback()
+
+    def checkpoint(self) -> None:
+        """Copy the SQLite WAL back into the database file without blocking readers or writers."""
+        if self.is_sqlite:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` with Alembic (idempotent)."""
+        from alembic import command
+
+        with self.engine.begin() as conn:
+            cfg = alembic_config(self.url)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+
+    def current_revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+class _WriterLock:
+    """SQLite's one writer, between the threads of this process (an RLock) and between processes
+    (``flock`` on ``<database>.writer``, taken by the outermost holder).  SQLite's own busy handler
+    polls with sleeps of up to 100 ms, so a heartbeat waiting behind the cycle process's write
+    slept long after the lock was free; a blocked ``flock`` wakes as soon as it is released."""
+
+    def __init__(self, database: str | None) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._path = f"{database}.writer" if database and database != ":memory:" else None
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self._path is not None:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._depth -= 1
+                self._lock.release()
+                raise
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._lock.release()
+
+
+def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("a write in a read-only session (Database.read)")
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    # The sqlite3 module's own transaction handling starts a transaction only before a write, so the
+    # reads of a session ran outside it and a SAVEPOINT could commit early; it is switched off and
+    # every session begins its transaction itself (_sqlite_begin), the way SQLAlchemy documents.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _no_autocheckpoint(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA wal_autocheckpoint=0")
+    cur.close()
+
+
+def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    conn.exec_driver_sql(conn.get_execution_options().get("sqlite_begin", "BEGIN"))
