@@ -23,11 +23,12 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from scheduler.core.durations import parse_duration
+from scheduler.protocol.rankspec import TrainKnobs
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -54,47 +55,6 @@ class Data(_Strict):
         return v
 
 
-class Train(_Strict):
-    epochs: int = Field(3, ge=1, le=10000)
-    batch_size: int = Field(64, ge=1, le=65536)
-    lr: float = Field(0.05, gt=0, le=10)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0, le=1)
-    grad_accum_steps: int = Field(1, ge=1, le=1024)
-    lr_scaling: Literal["linear", "none"] = "none"
-    warmup_epochs: int = Field(0, ge=0, le=1000)
-    loader_workers: int = Field(0, ge=0, le=64)
-    eval_every: int = Field(1, ge=0, le=10000)
-    keep_checkpoints: int = Field(3, ge=0, le=10000)  # newest per-epoch checkpoints kept per copy; 0 keeps all
-    checkpoint: bool = True  # false: no checkpoints written; a requeued job starts again from epoch 0
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: Literal["auto", "bf16", "off"] = "auto"
-    channels_last: Literal["auto", "on", "off"] = "auto"
-    hflip: Literal["auto", "on", "off"] = "auto"  # auto: flip 3-channel images only (not digits)
-    crop_padding: int | Literal["auto"] = Field("auto")  # random-crop padding in pixels; auto: side // 8
-
-    @field_validator("crop_padding")
-    @classmethod
-    def _padding(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 0 <= v <= 64:
-            raise ValueError("must be between 0 and 64, or 'auto'")
-        return v
-
-    @field_validator("keep_checkpoints")
-    @classmethod
-    def _keep(cls, v: int) -> int:
-        if v == 1:  # the newest is still being mirrored when the next one is written
-            raise ValueError("must be 0 (keep every one) or at least 2")
-        return v
-
-    @field_validator("lr", "momentum", "weight_decay", mode="before")
-    @classmethod
-    def _int_is_float(cls, v: Any) -> Any:
-        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-
 class Limits(_Strict):
     time: int | str = 3600
     max_restarts: int = Field(3, ge=0, le=100)
@@ -113,12 +73,18 @@ class JobSpec(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     resources: Resources = Resources()
     data: Data
-    train: Train = Train()
+    train: TrainKnobs = TrainKnobs()
     limits: Limits = Limits()
 
     @property
     def time_limit_s(self) -> int:
         return int(self.limits.time)
+
+
+def stored(doc: dict[str, Any]) -> JobSpec:
+    """A job's stored spec (``Job.spec``, written by ``model_dump`` at submit) read back as a ``JobSpec``,
+    so every reader gets the same defaults (those above), also for keys an older version did not store."""
+    return JobSpec.model_validate(doc)
 
 
 class JobSpecError(ValueError):
