@@ -45,7 +45,8 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
-from scheduler.core.errors import ApiError, BadRequest, Forbidden, Unauthorized
+from scheduler.core.errors import BadRequest, Forbidden, RequestError, Unauthorized
+from scheduler.server import service as svc
 from scheduler.server.api_models import (
     MAX_ID,
     AgentTokenIn,
@@ -58,7 +59,6 @@ from scheduler.server.api_models import (
     UserAdd,
 )
 from scheduler.server.auth import Identity, hash_token
-from scheduler.server import service as svc
 
 MAX_BODY_BYTES = 64 << 20  # a full inventory of 200k replicas is ~30 MB
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -205,7 +205,7 @@ class Gate:
         if access.audience != "public":
             try:
                 me = await self.admit(scope, access, params)
-            except ApiError as e:
+            except RequestError as e:
                 response = JSONResponse({"detail": e.message, "field": None}, status_code=e.status)
                 await response(scope, receive, send)
                 return
@@ -322,8 +322,8 @@ def create_app(ctx: Any) -> FastAPI:
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(Gate, routes=app.router.routes, rules=rules, identities=identities, db=db)  # outermost
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def _api_error(_: Request, e: RequestError) -> JSONResponse:
         return JSONResponse({"detail": e.message, "field": e.field}, status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
