@@ -25,6 +25,7 @@ from sqlalchemy import Integer, Table, bindparam, delete, func, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
+from policies.registry import get_arbiter
 from scheduler.core import lifecycle as st
 from scheduler.core.decide import decide
 from scheduler.core.fairshare import decay
@@ -86,7 +87,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "",
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
     with db.read() as s:
         snap = phase("snapshot", lambda: build_snapshot(s, now))
-    candidates, decision = phase("decide", lambda: decide(snap, settings.policy))
+    candidates, decision = phase("decide", lambda: decide(snap, settings.policy, get_arbiter(settings.policy.arbiter)))
     report.counts["pending"] = len(snap.pending)
     started = sorted(set(decision.waiting) & _new_waits(snap))  # jobs that began waiting this cycle
     if fence is not None and (decision.bindings or started) and not fence():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import scheduler.sim.simulator as simmod
+from policies.registry import get_arbiter
 from scheduler.cli import main as cli
 from scheduler.core import lifecycle as st
 from scheduler.core.decide import decide
@@ -219,7 +220,7 @@ def test_simulator_and_server_decide_the_same_on_a_recorded_snapshot(tmp_path: P
     assert dict(server_snap.usage) == dict(sim_snap.usage) and dict(server_snap.shares) == dict(sim_snap.shares)
     assert {k: v for k, v in server_snap.replicas.items() if v} == {k: v for k, v in sim_snap.replicas.items() if v}
     # ... its cycle's decide + bind (as run_cycle does) binds the same jobs to the same placements ...
-    _, server_decision = decide(server_snap, cfg)
+    _, server_decision = decide(server_snap, cfg, get_arbiter(cfg.arbiter))  # as the cycle looks it up
     assert server_decision.bindings == sim_decision.bindings
     bound = []
     for job_id, cand in server_decision.bindings.items():
