@@ -16,6 +16,7 @@ import statistics
 import time
 
 from benchmarks.common import Figure, Report
+from policies.registry import get_arbiter
 from scheduler.core.decide import decide
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.replicas import place_replicas
@@ -61,11 +62,12 @@ def synthetic_snapshot(nodes: int, pending: int, seed: int = 0, datasets: int = 
 def time_cycles(snap: Snapshot, arbiter: str, repeats: int) -> dict[str, float]:
     """Median wall time of ``repeats`` decide() calls, and the median of each phase."""
     cfg = PolicyConfig(arbiter=arbiter)
+    arb = get_arbiter(arbiter)
     walls, phases = [], []
     bound = 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        _, d = decide(snap, cfg)
+        _, d = decide(snap, cfg, arb)
         walls.append(time.perf_counter() - t0)
         phases.append(d.durations_s)
         bound = len(d.bindings)

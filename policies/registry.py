@@ -13,36 +13,20 @@ An arbiter receives one cycle's snapshot and every pending job's stage-1 candida
   ``factors`` and ``priorities`` cover every pending job.
 
 ``index`` is the snapshot's :class:`~scheduler.core.stage1.Stage1Index` when the caller has one (it is
-built when omitted).  The cycle looks arbiters up by the configured name with :func:`get_arbiter` and
-never branches on a name.
+built when omitted).  The interface is ``scheduler.core.decide.Arbiter`` (re-exported here); the core
+never imports this module.  The server's cycle and the simulator look the configured name up with
+:func:`get_arbiter` and pass the arbiter to ``decide()``; nothing branches on a name.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from policies.fairshare import FairShareArbiter
 from policies.fifo import FifoArbiter
 from policies.flow import FlowArbiter
 from policies.twostage import TwoStageArbiter
-from scheduler.core.placement import Candidate, Decision
-from scheduler.core.policy_config import PolicyConfig
-from scheduler.core.snapshot import Snapshot
-from scheduler.core.stage1 import Stage1Index
+from scheduler.core.decide import Arbiter
 
-
-class Arbiter(Protocol):
-    name: str
-
-    def arbitrate(
-        self,
-        snap: Snapshot,
-        candidates: Mapping[int, Sequence[Candidate]],
-        cfg: PolicyConfig,
-        index: Stage1Index | None = None,
-    ) -> Decision: ...
-
+__all__ = ["ARBITERS", "Arbiter", "get_arbiter"]
 
 ARBITERS: dict[str, Arbiter] = {
     "twostage": TwoStageArbiter(),

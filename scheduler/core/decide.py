@@ -12,20 +12,39 @@ Phases:
    all others, so this loop could run in a thread or process pool unchanged.  Jobs with the same
    shape (data set, ranks, devices per rank, preferred nodes) get the same candidates but for the job
    id, so stage 1 runs once per shape and the result is re-labelled: identical to calling it per job;
-3. ``stage2``: the arbiter named by ``cfg.arbiter`` (looked up in the registry, or the one passed in).
+3. ``stage2``: the arbiter the caller passes in.  The core knows no arbiter by name: the server's cycle
+   and the simulator look ``cfg.arbiter`` up in ``policies.registry`` and hand the arbiter to
+   :func:`decide` (policies import the core, never the reverse).
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, Snapshot
-from scheduler.core.stage1 import build_index, propose
+from scheduler.core.stage1 import Stage1Index, build_index, propose
+
+
+class Arbiter(Protocol):
+    """Stage 2: one cycle's snapshot and every pending job's stage-1 candidates in, a ``Decision`` out.
+
+    The contract every arbiter keeps is stated in ``policies.registry``, which holds the named ones."""
+
+    name: str
+
+    def arbitrate(
+        self,
+        snap: Snapshot,
+        candidates: Mapping[int, Sequence[Candidate]],
+        cfg: PolicyConfig,
+        index: Stage1Index | None = None,
+    ) -> Decision: ...
 
 
 def job_shape(job: JobView) -> tuple[str | None, int, int, tuple[str, ...]]:
@@ -56,15 +75,12 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, list[Candidate]], Decision]:  # type: ignore[no-untyped-def]
-    """Stage 1 then stage 2 over ``snap``; returns (candidates by job id, the arbiter's decision).
+def decide(snap: Snapshot, cfg: PolicyConfig, arbiter: Arbiter) -> tuple[dict[int, list[Candidate]], Decision]:
+    """Stage 1 then stage 2 (``arbiter``) over ``snap``; returns (candidates by job id, the decision).
 
-    ``arbiter`` overrides the registry lookup of ``cfg.arbiter`` (tests, benchmarks).  Raises
-    ValueError for an unknown arbiter name.  Deterministic: same snapshot and config, same result.
+    ``arbiter`` is the caller's: the cycle and the simulator pass ``policies.registry.get_arbiter(cfg.arbiter)``,
+    tests and benchmarks may pass their own.  Deterministic: same snapshot, config and arbiter, same result.
     """
-    from policies.registry import get_arbiter  # policies depend on scheduler, not the reverse
-
-    arb = arbiter if arbiter is not None else get_arbiter(cfg.arbiter)
     with _collector_paused():
         t0 = time.perf_counter()
         index = build_index(snap)
@@ -76,7 +92,7 @@ def decide(snap: Snapshot, cfg: PolicyConfig, arbiter=None) -> tuple[dict[int, l
                 by_shape[key] = propose(job, snap, cfg, index)
         candidates = {job.id: relabel(by_shape[job_shape(job)], job.id) for job in snap.pending}
         t2 = time.perf_counter()
-        decision = arb.arbitrate(snap, candidates, cfg, index=index)
+        decision = arbiter.arbitrate(snap, candidates, cfg, index=index)
         t3 = time.perf_counter()
     decision.durations_s = {"index": t1 - t0, "stage1": t2 - t1, "stage2": t3 - t2}
     return candidates, decision

@@ -6,8 +6,9 @@ time waited for it: one agent alone saw a p99 of about 100 ms.  The cycle reads 
 database, so it moves to a child process: the server's timer (APScheduler) still decides when a cycle
 runs and sends the child one message per cycle; the child takes or renews the scheduling lease, runs
 ``run_cycle`` (which nudges the agents it bound ranks on: ``scheduler/server/nudge.py``) and answers whether
-it leads.  Writes of the two processes are serialised: under SQLite by ``Database``'s writer lock
-(a ``flock``) and ``BEGIN IMMEDIATE``, under PostgreSQL by its row locks.
+it leads.  The child keeps the ``CycleMemory`` its cycles share (``scheduler/server/cyclestate.py``).
+Writes of the two processes are serialised: under SQLite by ``Database``'s writer lock (a ``flock``)
+and ``BEGIN IMMEDIATE``, under PostgreSQL by its row locks.
 
 The child is started with ``spawn`` (no copy of the server's threads or sockets), restarted on the next
 cycle if it dies, and exits when the server closes its end of the pipe or dies.
@@ -19,6 +20,13 @@ import logging
 import multiprocessing
 import os
 from typing import Any
+
+from scheduler.core.clock import Clock
+from scheduler.server.cycle import run_cycle
+from scheduler.server.cyclestate import CycleMemory
+from scheduler.server.nudge import nudge_nodes
+from scheduler.store.db import Database
+from scheduler.store.leader import holds, try_lead
 
 log = logging.getLogger("gsched.server")
 
@@ -76,16 +84,12 @@ class CycleProcess:
 
 
 def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
-    """The child: one cycle per message until the server closes the pipe or goes away."""
+    """The child: one cycle per message until the server closes the pipe or goes away.  It owns the
+    ``CycleMemory`` its cycles share (the caches of the snapshot and the report)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s cycle[%(name)s] %(message)s")
-    from scheduler.core.clock import Clock
-    from scheduler.server.cycle import run_cycle
-    from scheduler.server.nudge import nudge_nodes
-    from scheduler.store.db import Database
-    from scheduler.store.leader import holds, try_lead
-
     db = Database(settings.db_url)
     clock = Clock()
+    memory = CycleMemory()
     leading = False
     try:
         while True:
@@ -103,7 +107,7 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
                 leading = now_leading
                 if leading:
                     run_cycle(db, settings, now, leader=server_id, fence=lambda: holds(db, server_id, clock.now()),
-                              clock=clock.now, nudge=lambda nodes: nudge_nodes(db, nodes))
+                              clock=clock.now, nudge=lambda nodes: nudge_nodes(db, nodes), memory=memory)
             except Exception:
                 log.exception("cycle failed")
             conn.send(leading)

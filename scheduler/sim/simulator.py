@@ -80,6 +80,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from policies.registry import get_arbiter
 from scheduler.core.clock import FakeClock
 from scheduler.core.decide import decide
 from scheduler.core.errors import BadRequest
@@ -453,7 +454,7 @@ class Simulation:
             return  # nothing could be bound: the cycle would change nothing
         self.cycles += 1
         snap = self.snapshot(now)
-        _, decision = decide(snap, self.cfg)
+        _, decision = decide(snap, self.cfg, get_arbiter(self.cfg.arbiter))
         self.staged_this_cycle = set()
         for job_id in sorted(decision.bindings):
             self._bind(self.pending[job_id], decision.bindings[job_id], now)
@@ -673,8 +674,6 @@ def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None
     ``cfg`` gives the other policy knobs (its ``arbiter`` is replaced by ``policy``).  Pure apart from
     CPU time: the same arguments give the same result.
     """
-    from policies.registry import get_arbiter
-
     try:
         get_arbiter(policy)
     except ValueError as e:

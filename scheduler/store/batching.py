@@ -6,9 +6,9 @@ arrival order, then answers each caller.  Under load this replaces forty request
 write lock in turn, each with its own commit, with one thread and one commit per batch: fewer GIL
 hand-offs, one lock acquisition, and a batch that grows with the load instead of a queue of threads.
 
-Contract for ``fn``: it may raise ``ApiError`` (a 4xx for its caller) only *before* it writes anything;
+Contract for ``fn``: it may raise ``RequestError`` (a 4xx for its caller) only *before* it writes anything;
 the other calls of the batch go on.  A batch holds at most ``max_batch`` calls, which bounds how long it
-holds the write lock (about 1.5 ms a heartbeat).  Any other exception (or an ``ApiError`` raised after writing)
+holds the write lock (about 1.5 ms a heartbeat).  Any other exception (or a ``RequestError`` raised after writing)
 rolls the whole batch back, and each call is then run again alone in its own transaction, so one
 failing call never takes its neighbours with it and nothing is applied twice.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from scheduler.core.errors import ApiError
+from scheduler.core.errors import RequestError
 from scheduler.store.db import Database
 
 log = logging.getLogger("gsched.batching")
@@ -85,7 +85,7 @@ class WriteBatcher:
                     before = _pending(s)
                     try:
                         outcomes.append((True, fn(s, self.clock())))
-                    except ApiError as e:
+                    except RequestError as e:
                         if _pending(s) != before:
                             raise  # it wrote (or flushed) before refusing: the batch cannot keep its writes
                         outcomes.append((False, e))

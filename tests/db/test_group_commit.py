@@ -12,12 +12,14 @@ from sqlalchemy import func, select
 from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Unprocessable
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.server import service as svc
 from scheduler.server.api_models import Heartbeat
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
-from scheduler.server.cycle import EXPLAIN_REFRESH_S, run_cycle
+from scheduler.server.cycle import run_cycle
+from scheduler.server.cyclestate import CycleMemory
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.server import service as svc
+from scheduler.server.report import EXPLAIN_REFRESH_S
 from scheduler.store.batching import WriteBatcher
 from scheduler.store.db import Database
 from scheduler.store.models import Dataset, Event, Job, Shard
@@ -154,8 +156,9 @@ def test_the_report_rewrites_an_explanation_only_when_it_changes_or_grows_old(db
         first, _ = svc.submit_job(s, clock.now(), Identity("user", "alice"), spec, None)
         second, _ = svc.submit_job(s, clock.now(), Identity("user", "alice"), spec, None)
     cfg = Settings(heartbeat_ttl_s=10_000.0, policy=PolicyConfig(locality_wait_s=0))
+    memory = CycleMemory()  # what the cycle process keeps from one cycle to the next
 
-    report = run_cycle(db, cfg, clock.now())
+    report = run_cycle(db, cfg, clock.now(), memory=memory)
     assert report.bound == [first] and report.counts["explained"] == 2  # both new
     for rank, node in enumerate(("n1", "n2")):  # the first job's ranks run: its end is now estimated
         with db.session() as s:
@@ -164,26 +167,26 @@ def test_the_report_rewrites_an_explanation_only_when_it_changes_or_grows_old(db
                 "devices": [{"index": 0}], "replicas": None,
                 "ranks": [{"job_id": first, "attempt": 1, "rank": rank, "state": "RUNNING"}]}))
     clock.advance(1.0)
-    assert run_cycle(db, cfg, clock.now()).counts["explained"] == 1  # first in the queue now: new words
+    assert run_cycle(db, cfg, clock.now(), memory=memory).counts["explained"] == 1  # first in the queue now: new words
     with db.read() as s:
         waiting = s.get(Job, second)
         assert waiting.state == "PENDING" and waiting.explain["time"] == 101.0
         reason = waiting.reason
 
     clock.advance(1.0)
-    assert run_cycle(db, cfg, clock.now()).counts["explained"] == 0  # the same words: not rewritten
+    assert run_cycle(db, cfg, clock.now(), memory=memory).counts["explained"] == 0  # the same words: not rewritten
     with db.read() as s:
         assert s.get(Job, second).explain["time"] == 101.0 and s.get(Job, second).reason == reason
 
     clock.advance(EXPLAIN_REFRESH_S)
-    assert run_cycle(db, cfg, clock.now()).counts["explained"] == 1  # old enough: refreshed
+    assert run_cycle(db, cfg, clock.now(), memory=memory).counts["explained"] == 1  # old enough: refreshed
     with db.read() as s:
         assert s.get(Job, second).explain["time"] == clock.now()
 
     with db.session() as s:  # a third job queues behind the second: the second's words do not change
         third, _ = svc.submit_job(s, clock.now(), Identity("user", "alice"), spec, None)
     clock.advance(1.0)
-    report = run_cycle(db, cfg, clock.now())
+    report = run_cycle(db, cfg, clock.now(), memory=memory)
     assert report.counts["explained"] == 1  # only the new one
     with db.read() as s:
         assert s.get(Job, third).explain["queue_position"] == 2

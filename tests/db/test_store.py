@@ -15,15 +15,16 @@ from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Forbidden
 from scheduler.core.placement import Candidate
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.server import service as svc
 from scheduler.server.api_models import Heartbeat, MetricIn
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
-from scheduler.server.cycle import bind, run_cycle
+from scheduler.server.cycle import run_cycle
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.server import service as svc
+from scheduler.store.binder import bind
 from scheduler.store.db import Database
 from scheduler.store.leader import holds, try_lead
-from scheduler.store.models import Dataset, Job, Rank, Replica, Shard
+from scheduler.store.models import ClusterSample, Dataset, Job, Node, Rank, Replica, Shard
 
 SHA = "ab" * 32
 ADMIN = Identity("admin", "admin")
@@ -126,6 +127,54 @@ def test_bind_rechecks_devices_so_none_is_given_twice(db: Database) -> None:
     with db.session() as s:
         assert [r.devices for r in s.scalars(select(Rank))] == [[0]]
         assert s.get(Job, b).state == "PENDING"
+
+
+@pytest.mark.parametrize("change", ["devices taken", "node down"])
+def test_a_bind_that_fails_its_recheck_is_counted_and_explained_as_failed(db: Database, change: str) -> None:
+    """Between the snapshot and the bind the world moves on (heartbeats run between the phases; the
+    fence is the last call before binding): the chosen job stays PENDING, the cycle counts the failed
+    bind, and the job's explanation says that the bind failed and why, not "bound"."""
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock, nodes=("n1",))
+    spec = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+    with db.session() as s:
+        chosen, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+        other, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)  # waits: n1 has one device
+
+    def meanwhile() -> bool:
+        with db.session() as s:
+            if change == "devices taken":  # a stale decision elsewhere took n1's only device
+                assert bind(s, clock.now(), other, Candidate(other, ("n1",), 1, (), 0, 0)) is True
+            else:
+                s.get(Node, "n1").state = "down"
+        return True
+
+    report = run_cycle(db, settings(), clock.advance(1), fence=meanwhile)
+    why = {"devices taken": "devices on n1 became taken since the snapshot (0 free, 1 needed)",
+           "node down": "node n1 is not up any more"}[change]
+    assert report.bound == [] and report.refused == {chosen: why}
+    assert report.counts["bind_failed"] == 1 and report.counts["bound"] == 0
+    assert "bind" in report.durations_s
+    with db.read() as s:
+        job = s.get(Job, chosen)
+        assert job.state == "PENDING" and job.attempt == 0
+        assert job.reason == job.explain["reason"] == f"bind failed: {why}"
+        assert [(c["chosen"], c["reason"]) for c in job.explain["candidates"]] == [(False, f"bind failed: {why}")]
+        assert list(s.scalars(select(Rank).where(Rank.job_id == chosen))) == []
+
+
+def test_every_phase_of_the_cycle_is_timed_bind_included(db: Database) -> None:
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    report = run_cycle(db, settings(), clock.advance(1))
+    assert list(report.durations_s) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate",
+                                        "report", "thin"]
+    assert report.counts["bound"] == 1 and report.counts["bind_failed"] == 0
+    with db.read() as s:  # the cluster sample holds the phases that ran before it was written
+        sample = s.scalars(select(ClusterSample)).one()
+        assert list(sample.durations) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate"]
 
 
 def bound_job(db: Database, spec: dict = SPEC) -> tuple[FakeClock, int]:  # type: ignore[type-arg]
@@ -234,7 +283,7 @@ def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Da
 
 
 def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Database) -> None:
-    from scheduler.server.cycle import thin_history
+    from scheduler.server.report import thin_history
     from scheduler.store.models import ClusterSample
 
     day = 86_400.0
@@ -289,7 +338,7 @@ def test_a_lost_nodes_shards_are_copied_again_together_onto_one_node_with_room(d
     """Re-replication keeps a data set's copy whole: the shards a dead node held all go to one node (in
     another rack than the surviving copy), and a node whose agent reports too little free disk is passed
     over."""
-    from scheduler.server.cycle import schedule_replication
+    from scheduler.server.replication import schedule_replication
     from scheduler.store.models import Node, Transfer
 
     clock = FakeClock(1000.0)

@@ -4,21 +4,26 @@ same decisions as the server's cycle on one recorded snapshot, and a replay of a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import scheduler.sim.simulator as simmod
+from policies.registry import get_arbiter
 from scheduler.cli import main as cli
 from scheduler.core import lifecycle as st
 from scheduler.core.decide import decide
+from scheduler.core.jobspec import validate_spec
 from scheduler.core.placement import Decision
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import Snapshot
-from scheduler.server.cycle import bind, build_snapshot
 from scheduler.sim.simulator import ClusterSpec, DataSpec, FailureSpec, Simulation, TraceJob, simulate
+from scheduler.store.binder import bind
 from scheduler.store.db import Database
 from scheduler.store.models import Dataset, Device, Job, Node, Rank, Replica, Shard, Usage, User
+from scheduler.store.snapshot_reader import build_snapshot
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 if not TRACES.is_dir():
@@ -162,6 +167,13 @@ def _record_cycle(policy: str) -> tuple[Snapshot, Decision, PolicyConfig]:
     return snap, d, cfg
 
 
+def _spec(name: str, ranks: int, gpus: int, dataset: str | None, time_s: float) -> dict[str, Any]:
+    """A job's spec as a submit stores it (validated, then dumped with every default)."""
+    assert dataset is not None and time_s == int(time_s), (dataset, time_s)  # what a job.toml can say
+    return validate_spec({"name": name, "resources": {"ranks": ranks, "gpus_per_rank": gpus},
+                          "data": {"dataset": dataset}, "limits": {"time": int(time_s)}}).model_dump()
+
+
 def _store(db: Database, snap: Snapshot) -> None:
     """Write the snapshot's world into the server's tables (as agents and submits would have)."""
     now = snap.now_s
@@ -183,12 +195,13 @@ def _store(db: Database, snap: Snapshot) -> None:
                 for n in snap.replicas.get((ds, sh.index), ()):
                     s.add(Replica(dataset=ds, shard=sh.index, node=n, state="healthy", updated_at=now))
         next_free = {n: 0 for n in snap.nodes}
+        some_dataset = min(snap.shards)  # a running job's data set is not in the snapshot: any will do
         for r in snap.running:
-            started = now - 5.0
+            limit = math.ceil(r.end_by_s - now + 5.0)  # whole seconds, as a job.toml gives them
+            started = r.end_by_s - limit  # at least 5 s ago, and started + limit ends where the simulator's does
             s.add(Job(id=r.id, name=f"job{r.id}", user=r.user, state=st.RUNNING, submitted_at=0.0,
                       pending_since=0.0, started_at=started, attempt=1,
-                      spec={"resources": {"ranks": sum(d for _, d in r.devices_by_node), "gpus_per_rank": 1},
-                            "limits": {"time": r.end_by_s - started}}))
+                      spec=_spec(f"job{r.id}", sum(d for _, d in r.devices_by_node), 1, some_dataset, limit)))
             s.flush()
             rank = 0
             for node, devices in r.devices_by_node:
@@ -200,8 +213,7 @@ def _store(db: Database, snap: Snapshot) -> None:
         for j in snap.pending:
             s.add(Job(id=j.id, name=f"job{j.id}", user=j.user, state=st.PENDING, submitted_at=j.submit_s,
                       pending_since=j.pending_since_s, locality_wait_since=j.waiting_since_s,
-                      spec={"resources": {"ranks": j.ranks, "gpus_per_rank": j.devices_per_rank},
-                            "data": {"dataset": j.dataset}, "limits": {"time": j.time_limit_s}}))
+                      spec=_spec(f"job{j.id}", j.ranks, j.devices_per_rank, j.dataset, j.time_limit_s)))
 
 
 @pytest.mark.parametrize("policy", ["twostage", "flow", "fifo"])
@@ -219,7 +231,7 @@ def test_simulator_and_server_decide_the_same_on_a_recorded_snapshot(tmp_path: P
     assert dict(server_snap.usage) == dict(sim_snap.usage) and dict(server_snap.shares) == dict(sim_snap.shares)
     assert {k: v for k, v in server_snap.replicas.items() if v} == {k: v for k, v in sim_snap.replicas.items() if v}
     # ... its cycle's decide + bind (as run_cycle does) binds the same jobs to the same placements ...
-    _, server_decision = decide(server_snap, cfg)
+    _, server_decision = decide(server_snap, cfg, get_arbiter(cfg.arbiter))  # as the cycle looks it up
     assert server_decision.bindings == sim_decision.bindings
     bound = []
     for job_id, cand in server_decision.bindings.items():

@@ -7,10 +7,17 @@ import pytest
 
 from policies.registry import ARBITERS, get_arbiter
 from scheduler.core.decide import decide
+from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import Snapshot
 from tests.builders import cluster, job
 
 NO_WAIT = PolicyConfig(locality_wait_s=0)
+
+
+def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
+    """``decide()`` with the arbiter ``cfg`` names, looked up in the registry as the cycle does."""
+    return decide(snap, cfg, get_arbiter(cfg.arbiter))
 
 
 def bound_nodes(decision) -> dict[int, dict[str, int]]:
@@ -25,7 +32,7 @@ def test_job_whose_shards_sit_on_a_goes_to_a_when_a_is_free() -> None:
         .pending(job(1, ranks=2, dataset="digits"))
         .build()
     )  # fmt: skip
-    _, d = decide(snap, PolicyConfig())
+    _, d = decided(snap, PolicyConfig())
     assert bound_nodes(d) == {1: {"a": 2}}
     assert d.bindings[1].transfer_cost_ms == 0
 
@@ -39,7 +46,7 @@ def test_cheaper_of_two_placements_wins() -> None:
         .pending(job(1, dataset="d"))
         .build()
     )  # fmt: skip
-    _, d = decide(snap, NO_WAIT)
+    _, d = decided(snap, NO_WAIT)
     # a is busy; b stages from a in the rack (320 ms), c across racks (800 ms): b wins
     # (although c has more free devices)
     assert bound_nodes(d) == {1: {"b": 1}}
@@ -55,7 +62,7 @@ def test_lower_usage_user_goes_first() -> None:
         .at(5)
         .build()
     )
-    _, d = decide(snap, PolicyConfig())
+    _, d = decided(snap, PolicyConfig())
     # alice: U_norm 1, S_norm 0.5 -> 2^-2 = 0.25; bob: no usage -> 1.0
     assert d.order == [2, 1]
     assert d.factors == {1: 0.25, 2: 1.0}
@@ -78,14 +85,14 @@ def locality_snapshot(now_s: float, waiting_since_s: float | None = 100, pending
 
 
 def test_locality_wait_holds_the_job_until_one_second_before_the_deadline() -> None:
-    _, d = decide(locality_snapshot(129), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    _, d = decided(locality_snapshot(129), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
     assert d.bindings == {}
     assert d.reasons == {1: "waiting for locality until t=130s"}
     assert d.waiting == {1: 100}  # the wait's start, unchanged
 
 
 def test_locality_wait_expires_exactly_when_configured() -> None:
-    _, d = decide(locality_snapshot(130), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    _, d = decided(locality_snapshot(130), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
     # at waiting_since + wait = 130 it takes the costlier placement: b, staging from a (320 ms)
     assert bound_nodes(d) == {1: {"b": 1}}
     assert d.bindings[1].transfer_cost_ms == 320
@@ -96,19 +103,19 @@ def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_
     # Pending since t=100 (a backlog kept it queued), never waited: at t=5000 the free device on b is
     # the first it could take, so it waits from now (5000 -> 5030), not from t=100 (long over).
     cfg = PolicyConfig(locality_wait_s=30, locality_threshold_ms=0)
-    _, d = decide(locality_snapshot(5000, waiting_since_s=None), cfg)
+    _, d = decided(locality_snapshot(5000, waiting_since_s=None), cfg)
     assert d.bindings == {}
     assert d.waiting == {1: 5000}
     assert d.reasons == {1: "waiting for locality until t=5030s"}
     # The caller keeps that start: later cycles wait until 5030 and then take b.
-    _, d = decide(locality_snapshot(5029, waiting_since_s=5000), cfg)
+    _, d = decided(locality_snapshot(5029, waiting_since_s=5000), cfg)
     assert d.reasons == {1: "waiting for locality until t=5030s"} and d.waiting == {1: 5000}
-    _, d = decide(locality_snapshot(5030, waiting_since_s=5000), cfg)
+    _, d = decided(locality_snapshot(5030, waiting_since_s=5000), cfg)
     assert bound_nodes(d) == {1: {"b": 1}}
 
 
 def test_no_wait_when_the_cost_is_under_the_threshold() -> None:
-    _, d = decide(locality_snapshot(100), PolicyConfig(locality_wait_s=30, locality_threshold_ms=320))
+    _, d = decided(locality_snapshot(100), PolicyConfig(locality_wait_s=30, locality_threshold_ms=320))
     assert bound_nodes(d) == {1: {"b": 1}}
 
 
@@ -122,7 +129,7 @@ def test_no_wait_when_the_data_holders_could_never_do_better() -> None:
         .at(100)
         .build()
     )  # fmt: skip
-    _, d = decide(snap, PolicyConfig(locality_wait_s=30))
+    _, d = decided(snap, PolicyConfig(locality_wait_s=30))
     assert bound_nodes(d) == {1: {"b": 2}}
 
 
@@ -148,14 +155,14 @@ def big_gang_snapshot(now_s: float, n1_free: int):
 
 
 def test_reserved_big_gang_starts_before_later_small_jobs_that_would_delay_it() -> None:
-    _, d = decide(big_gang_snapshot(2, n1_free=0), PolicyConfig())
+    _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig())
     assert d.order == [1, 2, 3]
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
     assert d.reasons[1] == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
     assert d.reasons[2] == "reserved for job 1 until t=1000s"
     assert bound_nodes(d) == {3: {"n2": 4}}  # backfilled: ends at 2 + 500 = 502 <= 1000
     # At t=1000 job 9 and job 3 are gone: the big gang starts first, job 2 still waits.
-    _, d = decide(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
+    _, d = decided(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
     assert bound_nodes(d) == {1: {"n1": 4, "n2": 4}}
     # job 2 is now the first that does not fit: it gets the reservation, from 1000 + 3600
     assert d.reasons[2] == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
@@ -172,7 +179,7 @@ def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
         .at(2)
         .build()
     )
-    _, d = decide(snap, PolicyConfig())
+    _, d = decided(snap, PolicyConfig())
     # job 1 needs 8 of n1+n2 (fewest nodes; n3 is too small to matter): reserved n1, n2 from t=1000.
     # job 2 runs an hour but fits on n3, outside the reservation.
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
@@ -182,7 +189,7 @@ def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
 def test_never_a_partial_gang() -> None:
     snap = cluster().node("a", free=2).node("b", free=0).pending(job(1, ranks=3)).build()
     for name in ARBITERS:
-        _, d = decide(snap, PolicyConfig(arbiter=name))
+        _, d = decided(snap, PolicyConfig(arbiter=name))
         assert d.bindings == {}, name
         assert d.reasons[1] == "devices busy: needs 3, 2 free", name
 
@@ -190,7 +197,7 @@ def test_never_a_partial_gang() -> None:
 def test_a_job_bigger_than_the_cluster_says_so() -> None:
     snap = cluster().node("a").pending(job(1, ranks=5)).build()
     for name in ARBITERS:
-        _, d = decide(snap, PolicyConfig(arbiter=name))
+        _, d = decided(snap, PolicyConfig(arbiter=name))
         assert d.reasons[1] == "more devices than the cluster has up: needs 5, the up nodes have 4", name
 
 
@@ -204,7 +211,7 @@ def test_jobs_whose_candidates_collide_are_placed_elsewhere() -> None:
         .at(1)
         .build()
     )  # fmt: skip
-    _, d = decide(snap, NO_WAIT)
+    _, d = decided(snap, NO_WAIT)
     assert bound_nodes(d) == {1: {"a": 2}, 2: {"b": 2}}
 
 
@@ -212,7 +219,7 @@ def test_fifo_stops_at_a_head_that_does_not_fit() -> None:
     snap = (
         cluster().node("a", free=2).pending(job(1, ranks=4, submit_s=0), job(2, ranks=1, submit_s=1)).build()
     )
-    _, d = decide(snap, PolicyConfig(arbiter="fifo"))
+    _, d = decided(snap, PolicyConfig(arbiter="fifo"))
     assert d.bindings == {}
     assert d.reasons == {1: "devices busy: needs 4, 2 free", 2: "behind job 1 in the FIFO queue"}
 
@@ -225,11 +232,11 @@ def test_fairshare_baseline_ignores_data() -> None:
         .pending(job(1, ranks=2, dataset="d"))
         .build()
     )  # fmt: skip
-    _, d = decide(snap, PolicyConfig(arbiter="fairshare"))
+    _, d = decided(snap, PolicyConfig(arbiter="fairshare"))
     # b has the most free devices: both ranks there, both shards across racks (2 x 800 ms)
     assert bound_nodes(d) == {1: {"b": 2}}
     assert d.bindings[1].transfer_cost_ms == 1600
-    _, d = decide(snap, NO_WAIT)  # the default keeps them with the data
+    _, d = decided(snap, NO_WAIT)  # the default keeps them with the data
     assert bound_nodes(d) == {1: {"a": 2}}
 
 
@@ -242,7 +249,7 @@ def test_flow_prefers_cheap_placements_and_higher_priority_under_contention() ->
         .pending(job(1, user="alice", dataset="d"), job(2, user="bob", dataset="d", submit_s=1))
         .build()
     )  # fmt: skip
-    _, d = decide(snap, PolicyConfig(arbiter="flow"))
+    _, d = decided(snap, PolicyConfig(arbiter="flow"))
     # both want a (0 ms vs 800 ms on c).  Priorities: bob 1000 (factor 1.0), alice 250 (0.25), so
     # staging weighs 2x for bob and 1.25x for alice: bob on c costs 1600, alice on c 1000 -> bob gets a
     assert bound_nodes(d) == {2: {"a": 1}, 1: {"c": 1}}
@@ -256,7 +263,7 @@ def test_registry_lists_valid_names_on_a_typo() -> None:
 
 
 def test_decide_reports_phase_durations() -> None:
-    _, d = decide(cluster().node("a").pending(job(1)).build(), PolicyConfig())
+    _, d = decided(cluster().node("a").pending(job(1)).build(), PolicyConfig())
     assert set(d.durations_s) == {"index", "stage1", "stage2"}
     assert all(v >= 0 for v in d.durations_s.values())
 
@@ -275,7 +282,7 @@ def tie_snapshot(second_submit_s: float, second_user: str = "alice"):
 
 
 def test_ties_in_priority_go_to_the_job_that_reads_locally() -> None:
-    _, d = decide(tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=600))
     # job 2 became pending 300 s after job 1 (within the 600 s window) and reads d on a locally;
     # job 1 would stage e from b: job 2 goes first and job 1 waits for a device
     assert d.order == [2, 1]
@@ -285,9 +292,9 @@ def test_ties_in_priority_go_to_the_job_that_reads_locally() -> None:
 
 
 def test_ties_go_to_another_user_only_with_the_same_fair_share_factor() -> None:
-    _, d = decide(tie_snapshot(300, "bob"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(tie_snapshot(300, "bob"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
     assert d.order == [2, 1]  # alice and bob have used the same: a tie
-    _, d = decide(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
     # carol has used more (lower factor): she never passes alice, local or not
     assert d.order == [1, 2] and bound_nodes(d) == {1: {"a": 1}}
 
@@ -297,7 +304,7 @@ def test_no_tie_beyond_the_window_or_with_the_window_off() -> None:
         (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600)),
         (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0)),
     ):
-        _, d = decide(snap, cfg)
+        _, d = decided(snap, cfg)
         # strict priority order: job 1 takes a and stages e from b (320 ms)
         assert d.order == [1, 2]
         assert bound_nodes(d) == {1: {"a": 1}} and d.bindings[1].transfer_cost_ms == 320
@@ -312,7 +319,7 @@ def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> 
         .at(100)
         .build()
     )  # fmt: skip
-    _, d = decide(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600))
     # job 2 is local on a and tied with job 1, but job 1 (no candidate now) is not passed: it
     # reserves a from t=500, and job 2 (one hour) may not take the reserved device
     assert d.order == [1, 2]
@@ -331,7 +338,7 @@ def test_a_job_that_stages_anyway_leaves_the_only_local_room_of_another_data_set
         .at(1)
         .build()
     )  # fmt: skip
-    _, d = decide(snap, NO_WAIT)
+    _, d = decided(snap, NO_WAIT)
     # job 1 (higher priority) must stage d anyway: it takes y (800 ms) rather than x (320 ms), so
     # job 2 still reads e locally on x
     assert bound_nodes(d) == {1: {"y": 1}, 2: {"x": 1}}

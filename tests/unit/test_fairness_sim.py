@@ -9,6 +9,7 @@ half-life.  Over a day the device time each user got must follow their shares wi
 
 import pytest
 
+from policies.registry import get_arbiter
 from scheduler.core.decide import decide
 from scheduler.core.fairshare import decay_all
 from scheduler.core.policy_config import PolicyConfig
@@ -51,7 +52,7 @@ def run_day(shares: dict[str, float], arbiter: str = "twostage") -> dict[str, fl
             usage=dict(usage),
             shares=shares,
         )
-        _, decision = decide(snap, cfg)
+        _, decision = decide(snap, cfg, get_arbiter(cfg.arbiter))
         for jid, cand in decision.bindings.items():
             job = next(j for j in pending if j.id == jid)
             pending.remove(job)

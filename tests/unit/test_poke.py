@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from scheduler.server.main import ServerContext
+from scheduler.server.context import ServerContext
 
 
 def _context_with_timer(runs: list[float]) -> tuple[ServerContext, Any]:
@@ -53,7 +53,7 @@ def test_a_steady_stream_of_pokes_does_not_postpone_the_cycle() -> None:
 def test_a_poke_never_moves_an_earlier_cycle_later(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from datetime import datetime, timedelta
 
-    import scheduler.server.main as server
+    import scheduler.server.context as server
 
     monkeypatch.setattr(server, "POKE_DELAY_S", 30.0)  # a poke would ask for a cycle 30 s from now
     runs: list[float] = []

@@ -99,7 +99,7 @@ def check_candidate(c: Candidate, job: JobView, snap: Snapshot, cfg: PolicyConfi
 @given(snap=snapshots(), arbiter=st.sampled_from(sorted(ARBITERS)), wait=st.sampled_from([0.0, 30.0]))
 def test_invariants_hold_for_every_arbiter(snap: Snapshot, arbiter: str, wait: float) -> None:
     cfg = PolicyConfig(arbiter=arbiter, candidates_per_job=3, locality_wait_s=wait)
-    candidates, d = decide(snap, cfg)
+    candidates, d = decide(snap, cfg, ARBITERS[cfg.arbiter])
     jobs = {j.id: j for j in snap.pending}
     for jid, cands in candidates.items():
         assert len(cands) <= cfg.candidates_per_job

@@ -5,6 +5,7 @@ Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack 
 
 import pytest
 
+from policies.registry import ARBITERS
 from scheduler.core.costmodel import reads_cost_ms
 from scheduler.core.decide import decide
 from scheduler.core.policy_config import PolicyConfig
@@ -71,7 +72,7 @@ def test_a_gang_that_can_read_half_locally_is_not_sent_where_it_reads_nothing() 
     )  # fmt: skip
     best = propose(snap.pending[0], snap, CFG)[0]
     assert "h1" in best.rank_nodes and best.local_fraction == 0.5
-    _, d = decide(snap, PolicyConfig(locality_wait_s=0))
+    _, d = decide(snap, PolicyConfig(locality_wait_s=0), ARBITERS["twostage"])
     assert "h1" in d.bindings[1].rank_nodes
 
 
@@ -218,7 +219,7 @@ def test_decide_shares_stage1_work_between_jobs_of_one_shape() -> None:
         .pending(job(1, ranks=2, dataset="d"), job(2, ranks=2, dataset="d"), job(3, ranks=1))
         .build()
     )  # fmt: skip
-    cands, _ = decide(snap, CFG)
+    cands, _ = decide(snap, CFG, ARBITERS[CFG.arbiter])
     idx = build_index(snap)
     for j in snap.pending:
         assert cands[j.id] == propose(j, snap, CFG, idx)

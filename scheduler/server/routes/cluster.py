@@ -1,0 +1,59 @@
+"""The cluster as a whole: health, nodes, fair share, the event log, the cluster history and the
+Prometheus metrics.  Health and metrics are public (probes and scrapers carry no token); the rest
+is for users and admins."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Query, Request
+from fastapi.responses import PlainTextResponse
+
+from scheduler.server import service as svc
+from scheduler.server.api_models import MAX_ID
+from scheduler.server.metrics import history_rows, render
+from scheduler.server.routes.base import PERSON, PUBLIC, Routes, context, who
+from scheduler.server.views import events_view, share_rows
+
+routes = Routes()
+
+
+@routes.route("GET", "/v1/health", PUBLIC)
+def health(request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    return {"ok": True, "leader": ctx.is_leader(), "time": ctx.clock.now()}
+
+
+@routes.route("GET", "/v1/nodes", PERSON)
+def nodes(request: Request) -> list[dict[str, Any]]:
+    with context(request).db.read() as s:
+        return svc.node_rows(s)
+
+
+@routes.route("GET", "/v1/share", PERSON)
+def share(request: Request) -> list[dict[str, Any]]:
+    ctx = context(request)
+    with ctx.db.read() as s:
+        return share_rows(s, ctx.clock.now(), ctx.settings.policy)
+
+
+@routes.route("GET", "/v1/events", PERSON)
+def events(request: Request, job: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+           limit: Annotated[int, Query(ge=1, le=MAX_ID)] = 100) -> list[dict[str, Any]]:
+    me = who(request)
+    with context(request).db.read() as s:
+        return events_view(s, me, job, max(1, min(limit, 1000)))
+
+
+@routes.route("GET", "/v1/cluster/history", PERSON)
+def cluster_history(request: Request, since: float | None = None,
+                    limit: Annotated[int, Query(ge=1, le=MAX_ID)] = 5000) -> list[dict[str, Any]]:
+    with context(request).db.read() as s:
+        return history_rows(s, since, max(1, min(limit, 50000)))
+
+
+@routes.route("GET", "/metrics", PUBLIC)
+def metrics(request: Request) -> PlainTextResponse:
+    ctx = context(request)
+    with ctx.db.read() as s:
+        return PlainTextResponse(render(s, ctx), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,52 @@
+"""Who the caller is, and users with their shares (admins only).  A removed user's token is refused
+at once: its entry in the gate's token cache is dropped (``Identities.forget``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from scheduler.server import service as svc
+from scheduler.server.api_models import SharesIn, UserAdd
+from scheduler.server.routes.base import ADMIN, ANY_TOKEN, Name, Routes, again, context, who
+
+routes = Routes()
+
+
+@routes.route("GET", "/v1/whoami", ANY_TOKEN)
+def whoami(request: Request) -> dict[str, Any]:
+    me = who(request)
+    return {"kind": me.kind, "name": me.name}
+
+
+@routes.route("POST", "/v1/users", ADMIN, status_code=201)
+def add_user(body: UserAdd, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        token = svc.add_user(s, ctx.clock.now(), again(s, request), body.name, body.shares, body.role)
+    return {"name": body.name, "token": token}
+
+
+@routes.route("GET", "/v1/users", ADMIN)
+def users(request: Request) -> list[dict[str, Any]]:
+    me = who(request)
+    with context(request).db.read() as s:
+        return svc.list_users(s, me)
+
+
+@routes.route("DELETE", "/v1/users/{name}", ADMIN)
+def remove_user(name: Name, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        svc.remove_user(s, ctx.clock.now(), again(s, request), name)
+    ctx.identities.forget(name)
+    return {"removed": name}
+
+
+@routes.route("PUT", "/v1/users/{name}/shares", ADMIN)
+def shares(name: Name, body: SharesIn, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        svc.set_shares(s, ctx.clock.now(), again(s, request), name, body.shares)
+    return {"name": name, "shares": body.shares}

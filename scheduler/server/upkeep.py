@@ -1,0 +1,77 @@
+"""The cycle's first three phases: bring the stored world up to ``now`` before the snapshot is read.
+
+1. ``expire_nodes``: nodes silent past the heartbeat TTL go down, and their active jobs are requeued;
+2. ``enforce_time_limits``: each active job's state is settled from its ranks (``heartbeat.sync_job``:
+   rank failures whose grace has passed), and jobs past their time limit end TIMEOUT;
+3. ``update_usage``: each user's decayed device-seconds are brought up to ``now``.
+
+Each runs in the caller's transaction and returns what it changed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scheduler.core import lifecycle as st
+from scheduler.core.fairshare import decay
+from scheduler.server.heartbeat import sync_job
+from scheduler.server.service import finish_job, record, requeue_job
+from scheduler.store.models import Job, Node, Rank, Usage
+from scheduler.store.snapshot_reader import JobShapes
+
+
+def expire_nodes(s: Session, now: float, ttl_s: float) -> int:
+    """Mark down the up nodes last seen more than ``ttl_s`` before ``now`` and requeue the active jobs
+    with ranks on them; returns how many nodes went down."""
+    n = 0
+    for node in s.scalars(select(Node).where(Node.state == "up", Node.last_seen < now - ttl_s)):
+        node.state = "down"
+        node.down_since = now
+        n += 1
+        record(s, now, "server", "node.down", f"{node.name}: no heartbeat for {now - node.last_seen:.0f}s", node=node.name)
+        jobs = {r.job_id for r in s.scalars(select(Rank).where(Rank.node == node.name,
+                                                              Rank.state.not_in(st.RANK_FINAL)))}
+        for job_id in sorted(jobs):
+            job = s.get(Job, job_id)
+            if job is not None and job.state in st.ACTIVE:
+                requeue_job(s, now, job, f"node {node.name} is down")
+    return n
+
+
+def enforce_time_limits(s: Session, now: float, failure_grace_s: float = 0.0, shapes: JobShapes | None = None) -> int:
+    """End jobs past their time limit (TIMEOUT); settle rank failures whose grace has passed.  Returns
+    how many jobs timed out.  ``shapes``: where the jobs' time limits are read (a fresh one: each spec)."""
+    shapes = shapes if shapes is not None else JobShapes()
+    n = 0
+    for job in s.scalars(select(Job).where(Job.state.in_(st.ACTIVE))):
+        sync_job(s, now, job, failure_grace_s)
+        if job.state not in st.ACTIVE:
+            continue
+        limit = int(shapes.of(job).time_limit_s)
+        start = job.started_at
+        if start is not None and now - start > limit:
+            finish_job(s, now, job, st.TIMEOUT, f"ran past its time limit of {limit}s")
+            n += 1
+    return n
+
+
+def update_usage(s: Session, now: float, half_life_s: float) -> None:
+    """Decay each user's usage to ``now`` and add the device-seconds their live ranks used since."""
+    rows = {u.user: u for u in s.scalars(select(Usage))}
+    running: dict[str, int] = defaultdict(int)
+    q = (select(Job.user, Rank.devices).join(Rank, Rank.job_id == Job.id)
+         .where(Rank.state == st.R_RUNNING, Job.state == st.RUNNING))
+    for user, devices in s.execute(q):
+        running[user] += len(devices or [])
+    for user in set(rows) | set(running):
+        row = rows.get(user)
+        if row is None:
+            row = Usage(user=user, device_seconds=0.0, updated_at=now)
+            s.add(row)
+            continue
+        dt = max(0.0, now - row.updated_at)
+        row.device_seconds = decay(row.device_seconds, dt, half_life_s) + running[user] * dt
+        row.updated_at = now

@@ -1,0 +1,130 @@
+"""Bind: a chosen job gets its ranks, its devices and its shard reads, in one transaction that first
+checks again that all of it is still possible.
+
+The decision was made over a snapshot; heartbeats and other writes run between the cycle's phases, so
+by the time a job is bound its devices may have been taken, its node may be down, or the job may have
+been cancelled.  ``try_bind`` re-checks each of these inside the transaction that writes the binding,
+so two cycles (or a stale decision) can never give a device twice, and says which one failed.
+``busy_devices`` is the one reading of which devices ranks hold, shared with the snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from scheduler.core import lifecycle as st
+from scheduler.core.jobspec import stored
+from scheduler.core.placement import Candidate
+from scheduler.store.db import Database
+from scheduler.store.models import Device, Event, Job, Node, Rank, ShardAssignment, Transfer
+
+
+def busy_devices(s: Session) -> dict[str, set[int]]:
+    """Node -> the indexes of its devices that ranks not yet final hold."""
+    busy: dict[str, set[int]] = defaultdict(set)
+    for node, devices in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(st.RANK_FINAL))):
+        busy[node].update(devices or [])
+    return busy
+
+
+def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callable[[], float] | None = None) -> str | None:
+    """Bind one job to ``cand`` in the caller's transaction and return None; or write nothing and return
+    why not, in words for the job's explanation:
+
+    - the job is gone or no longer PENDING (cancelled since the snapshot, say);
+    - a node of ``cand`` is not up any more;
+    - a node has fewer free healthy devices than ``cand`` puts on it (taken, or found unhealthy, since
+      the snapshot).
+
+    A bound job is BOUND with attempt + 1; each rank gets the lowest free device indexes of its node, in
+    rank order, and is stamped ``max(now, clock())`` taken after the check, so a binding never predates
+    the release it relies on.  Its shard reads are stored, a transfer for each read that is not local,
+    and a ``job.bind`` event.
+    """
+    job = s.get(Job, job_id)
+    if job is None:
+        return "the job is gone"
+    if job.state != st.PENDING:
+        return f"the job is {job.state} now, no longer PENDING"
+    busy = busy_devices(s)
+    healthy: dict[str, list[int]] = defaultdict(list)
+    for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
+        healthy[d.node].append(d.index)
+    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == "up"))}
+    free = {n: [i for i in healthy[n] if i not in busy[n]] for n in cand.nodes}
+    for node, need in cand.devices_by_node().items():
+        if node not in up:
+            return f"node {node} is not up any more"
+        if len(free[node]) < need:
+            why = "taken" if len(healthy[node]) >= need else "unhealthy"
+            return f"devices on {node} became {why} since the snapshot ({len(free[node])} free, {need} needed)"
+    if clock is not None:
+        now = max(now, clock())
+    job.attempt += 1
+    st.transition(job, st.BOUND, f"bound to {', '.join(cand.nodes)}")
+    job.locality_wait_since = None
+    job.master_port = None
+    job.transfer_bytes = cand.transfer_bytes
+    job.transfer_cost_ms = cand.transfer_cost_ms
+    job.local_fraction = cand.local_fraction
+    job.progress = {}
+    local_index: dict[str, int] = defaultdict(int)
+    for rank, node in enumerate(cand.rank_nodes):
+        devices = free[node][: cand.devices_per_rank]
+        free[node] = free[node][cand.devices_per_rank:]
+        s.add(Rank(job_id=job.id, attempt=job.attempt, rank=rank, local_rank=local_index[node], node=node,
+                   devices=devices, state=st.R_ASSIGNED, bound_at=now))
+        local_index[node] += 1
+    dataset = stored(job.spec).data.dataset
+    for read in cand.reads:
+        s.add(ShardAssignment(job_id=job.id, attempt=job.attempt, rank=read.rank, dataset=dataset, shard=read.shard,
+                              node=read.node, source=read.source, bytes=read.bytes))
+        if not read.local:
+            s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
+                           bytes=read.bytes, state="job", created_at=now))
+    s.add(Event(time=now, actor="server", kind="job.bind", job_id=job.id,
+                message=f"attempt {job.attempt} on {', '.join(cand.nodes)}; "
+                        f"{cand.transfer_bytes} bytes to stage (~{cand.transfer_cost_ms} ms)"))
+    return None
+
+
+def bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callable[[], float] | None = None) -> bool:
+    """``try_bind``, answering only whether the job was bound."""
+    return try_bind(s, now, job_id, cand, clock) is None
+
+
+@dataclass
+class Bound:
+    """What binding one decision did: the jobs bound (in the decision's order), why each other one was
+    not, and the nodes that got ranks."""
+
+    jobs: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    nodes: set[str] = field(default_factory=set)
+
+
+def bind_all(db: Database, now: float, bindings: Mapping[int, Candidate], clock: Callable[[], float] | None = None
+             ) -> Bound:
+    """``try_bind`` each of ``bindings`` in a transaction of its own, in their order."""
+    out = Bound()
+    for job_id, cand in bindings.items():
+        with db.session() as s:
+            why = try_bind(s, now, job_id, cand, clock)
+        if why is None:
+            out.jobs.append(job_id)
+            out.nodes.update(cand.nodes)
+        else:
+            out.refused[job_id] = why
+    return out
+
+
+def start_locality_waits(s: Session, now: float, job_ids: Iterable[int]) -> None:
+    """Stamp ``now`` as the start of the locality wait of those of ``job_ids`` still PENDING that have
+    none yet (the wait counts from the first cycle a job waited: policies.twostage)."""
+    s.execute(update(Job).where(Job.id.in_(list(job_ids)), Job.state == st.PENDING,
+                                Job.locality_wait_since.is_(None)).values(locality_wait_since=now))
