@@ -22,7 +22,7 @@ import torch
 
 from agents.datasets import make_shards
 from agents.shardfile import iter_shard, shard_path
-from agents.workloads.resnet_ddp import REFERENCE_BATCH, lr_factor, scaled_lr
+from agents.workloads.resnet_ddp.train import REFERENCE_BATCH, lr_factor, scaled_lr
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and learnable: 4 classes of 8x8 RGB images; 2 shards of 120, so each rank trains on 108.
@@ -156,7 +156,8 @@ def _accum_rank(rank: int, world: int, store: str, out: str) -> None:
     import torch.nn as nn
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from agents.workloads.resnet_ddp import backward_accumulated, build_model, to_input, wrap_ddp
+    from agents.workloads.resnet_ddp.data import to_input
+    from agents.workloads.resnet_ddp.model import backward_accumulated, build_model, wrap_ddp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -313,7 +314,7 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
 def test_stream_yields_the_counted_batches_of_training_samples_only(tmp_path, workers):
     from torch.utils.data import DataLoader
 
-    from agents.workloads.resnet_ddp import ShardStream, count_samples, split_counts
+    from agents.workloads.resnet_ddp.data import ShardStream, count_samples, split_counts
 
     # 2 shards of 120: positions 0, 10, ..., 110 held out (12 each) -> 108 training samples per shard.
     make_shards(TINY, tmp_path, "tiny", 2, seed=0)
@@ -362,7 +363,7 @@ GOOD = {
     ],
 )
 def test_bad_rank_specs_name_the_field(change, words):
-    from agents.workloads.resnet_ddp import SpecError, parse_spec
+    from agents.workloads.resnet_ddp.spec import SpecError, parse_spec
 
     assert parse_spec(GOOD).train.grad_accum_steps == 1
     with pytest.raises(SpecError, match=words):
@@ -385,7 +386,7 @@ def test_bad_spec_file_exits_2_with_the_reason(tmp_path):
 
 
 def test_bench_reports_images_per_second_on_cpu():
-    from agents.workloads.resnet_ddp import bench
+    from agents.workloads.resnet_ddp.bench import bench
 
     figures = bench((8, 8, 3), batch_size=4, steps=1, warmup_steps=1, device="cpu")
     assert figures["images_per_s"] > 0 and figures["device"] == "cpu" and figures["amp"] == "off"
