@@ -224,8 +224,10 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
     # Batch 8 x accumulate 2: 108 // 8 = 13 micro-batches -> 6 steps per epoch; warmup spans half an
-    # epoch so the schedule's position matters.
-    train = {"epochs": 2, "batch_size": 8, "lr": 0.8, "grad_accum_steps": 2, "warmup_epochs": 0.5, "seed": 5}
+    # epoch so the schedule's position matters.  The training tests name lr_scaling (and the digits test
+    # keep_checkpoints) because a rank spec's defaults are job.toml's ("none", 3).
+    train = {"epochs": 2, "batch_size": 8, "lr": 0.8, "lr_scaling": "linear", "grad_accum_steps": 2,
+             "warmup_epochs": 0.5, "seed": 5}
     whole = epochs_of(run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "whole"))
     first = run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "cut", stop_after_epochs=1)
     assert [m["epoch"] for m in epochs_of(first)] == [1]
@@ -253,7 +255,7 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
 def test_checkpoint_false_writes_no_checkpoint_and_still_trains(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
-    train = {"epochs": 2, "batch_size": 16, "lr": 0.1, "checkpoint": False}
+    train = {"epochs": 2, "batch_size": 16, "lr": 0.1, "lr_scaling": "linear", "checkpoint": False}
     lines = run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "nockpt")
     assert [m["epoch"] for m in epochs_of(lines)] == [1, 2]
     assert [m for m in lines if m["type"] == "checkpoint"] == []
@@ -265,7 +267,7 @@ def test_checkpoint_false_writes_no_checkpoint_and_still_trains(tmp_path):
 def test_sigterm_stops_every_rank_cleanly(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
-    train = {"epochs": 500, "batch_size": 8, "lr": 0.1}
+    train = {"epochs": 500, "batch_size": 8, "lr": 0.1, "lr_scaling": "linear"}
     procs = start_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "term")
     path = tmp_path / "term" / "metrics.jsonl"
     deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
@@ -290,7 +292,7 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
     # Measured here: about 95% after 3 epochs, 12-15 s each on 2 idle cores.
     data = tmp_path / "data"
     make_shards("digits", data, "digits", 4, seed=0)
-    train = {"epochs": 3, "batch_size": 32, "lr": 0.4}
+    train = {"epochs": 3, "batch_size": 32, "lr": 0.4, "lr_scaling": "linear", "keep_checkpoints": 0}
     lines = run_ranks(tmp_path, data, "digits", 4, 2, train, 10, "digits")
     epochs = epochs_of(lines)
     assert [m["epoch"] for m in epochs] == [1, 2, 3]

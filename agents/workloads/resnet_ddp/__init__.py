@@ -6,8 +6,8 @@ Who calls: the node agent launches one process per rank as
 ``CUDA_VISIBLE_DEVICES`` on GPU nodes).  Exit status: 0 when training finished (or stopped at
 ``stop_after_epochs``), 143 after SIGTERM (ranks stop together at the next step boundary; the last
 per-epoch checkpoint is the resume point), 2 for a bad rank spec, 1 for any other error (traceback on
-stderr).  Tests call :func:`agents.workloads.resnet_ddp.train.train` in-process with a process group
-they initialised.  ``python -m agents.workloads.resnet_ddp --bench`` measures one rank's images/s on
+stderr).  :func:`agents.workloads.resnet_ddp.train.train` runs in-process too, inside a process group
+its caller initialised.  ``python -m agents.workloads.resnet_ddp --bench`` measures one rank's images/s on
 random data instead (on CUDA: with and without bf16 and channels-last), for the device check.
 
 One concept a module; each module's docstring states its contract:

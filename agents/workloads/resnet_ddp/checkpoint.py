@@ -26,7 +26,8 @@ import torch.nn as nn
 
 from agents.shardfile import prune_checkpoints
 from agents.workloads.resnet_ddp.metrics import MetricsWriter
-from agents.workloads.resnet_ddp.spec import RankSpec, SpecError
+from agents.workloads.resnet_ddp.spec import SpecError
+from scheduler.protocol.rankspec import RankSpec
 
 CHECKPOINT_FORMAT = 1
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads(local_world_size))
     initialised = False
     try:
-        rt = resolve_runtime(spec.train, local_rank, local_world_size)
+        rt = resolve_runtime(spec.train, local_rank)
         backend = spec.train.backend
         if backend == "auto":
             backend = "nccl" if rt.device.type == "cuda" else "gloo"
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[job {spec.job_id} rank {rank}/{world_size}] started: device {rt.device}, backend {backend}, "
               f"{torch.get_num_threads()} CPU threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
               flush=True)
-        result = train(
-            spec, rank, world_size, local_rank=local_rank, local_world_size=local_world_size, stop_event=stop
-        )
+        result = train(spec, rank, world_size, local_rank=local_rank, stop_event=stop)
         return 143 if result["stopped"] else 0
     except SpecError as exc:
         print(f"resnet_ddp rank {rank}: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Where and how a rank computes: device, precision, memory format, loader workers, CPU threads, seeds.
 
-:func:`resolve_runtime` turns the spec's ``device``, ``amp``, ``channels_last`` and ``loader_workers``
-into a :class:`Runtime` for this machine; on CUDA it also selects the rank's device (``LOCAL_RANK``
+:func:`resolve_runtime` turns the spec's ``device``, ``amp`` and ``channels_last`` ("auto" decided for
+this machine: CUDA when visible, bf16 where CUDA supports it, channels-last with CUDA) and
+``loader_workers`` into a :class:`Runtime`; on CUDA it also selects the rank's device (``LOCAL_RANK``
 modulo the visible devices) and allows cuDNN autotuning and TF32.  :func:`threads` is the size of
 torch's CPU thread pool.
 
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.workloads.resnet_ddp.spec import SpecError, TrainConfig
+from agents.workloads.resnet_ddp.spec import SpecError
+from scheduler.protocol.rankspec import RankTrain
 
 
 @dataclass
@@ -37,8 +39,9 @@ class Runtime:
         return contextlib.nullcontext()
 
 
-def resolve_runtime(cfg: TrainConfig, local_rank: int, local_world_size: int) -> Runtime:
-    """Pick device, precision, memory format and loader workers from the config and the machine."""
+def resolve_runtime(cfg: RankTrain, local_rank: int) -> Runtime:
+    """Pick device, precision, memory format and loader workers from the config and the machine; raises
+    SpecError when ``device`` is "cuda" and none is visible."""
     cuda_ok = torch.cuda.is_available()
     if cfg.device == "cuda" and not cuda_ok:
         raise SpecError('train.device is "cuda" but no CUDA device is visible to this rank')
@@ -58,13 +61,8 @@ def resolve_runtime(cfg: TrainConfig, local_rank: int, local_world_size: int) ->
         amp = False
     else:
         amp = use_cuda and torch.cuda.is_bf16_supported()
-    channels_last = use_cuda if cfg.channels_last == "auto" else bool(cfg.channels_last)
-    if cfg.loader_workers == "auto":
-        cores = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-        workers = min(4, cores) if use_cuda else 0
-    else:
-        workers = int(cfg.loader_workers)
-    return Runtime(device, amp, channels_last, workers)
+    channels_last = use_cuda if cfg.channels_last == "auto" else cfg.channels_last == "on"
+    return Runtime(device, amp, channels_last, cfg.loader_workers)
 
 
 def threads(local_world_size: int) -> int:

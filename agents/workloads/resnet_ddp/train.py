@@ -37,7 +37,8 @@ from agents.workloads.resnet_ddp.data import ShardStream, count_samples, split_c
 from agents.workloads.resnet_ddp.metrics import PROGRESS_EVERY_S, MetricsWriter
 from agents.workloads.resnet_ddp.model import backward_accumulated, build_model, wrap_ddp
 from agents.workloads.resnet_ddp.runtime import Runtime, resolve_runtime, seed_all
-from agents.workloads.resnet_ddp.spec import RankSpec, SpecError, parse_spec
+from agents.workloads.resnet_ddp.spec import SpecError, parse_spec
+from scheduler.protocol.rankspec import RankSpec
 
 REFERENCE_BATCH = 256
 
@@ -99,7 +100,6 @@ def train(
     world_size: int,
     *,
     local_rank: int = 0,
-    local_world_size: int = 1,
     stop_event: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) training for this rank inside an already-initialised default process group.
@@ -109,7 +109,7 @@ def train(
     ``history`` is the same on every rank.  Raises SpecError for unusable specs or data.
     """
     spec = spec if isinstance(spec, RankSpec) else parse_spec(spec)
-    rt = resolve_runtime(spec.train, local_rank, local_world_size)
+    rt = resolve_runtime(spec.train, local_rank)
     metrics = MetricsWriter(spec.metrics_path if rank == 0 else None, spec.job_id)
     run = prepare(spec, rank, world_size, rt, metrics, stop_event or threading.Event())
     epochs_done, stopped = run.start_epoch, False
@@ -194,7 +194,7 @@ def _agree_on_data(
         )
 
     pad = max(1, image_shape[0] // 8) if cfg.crop_padding == "auto" else int(cfg.crop_padding)
-    hflip = image_shape[2] == 3 if cfg.hflip == "auto" else bool(cfg.hflip)
+    hflip = image_shape[2] == 3 if cfg.hflip == "auto" else cfg.hflip == "on"
     train_ds = ShardStream(spec.shards, cfg.batch_size, True, cfg.seed, rank, hflip, pad)
     eval_ds = ShardStream(spec.shards, cfg.batch_size * 2, False, cfg.seed, rank)
     micro_local = train_ds.batches_per_epoch(counts, rt.loader_workers)
