@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from agents.workloads.resnet_ddp import main
+from agents.workloads.resnet_ddp.main import main
 
 if __name__ == "__main__":
     spec_dir = sys.argv[sys.argv.index("--spec-dir") + 1]

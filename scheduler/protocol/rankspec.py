@@ -1,8 +1,9 @@
 """What the server hands a rank and what a rank is told to train: the one definition of each knob.
 
 ``TrainKnobs`` is the ``[train]`` table of a job.toml (scheduler/core/jobspec.py validates the job file
-with it) and the ``train`` of a ``RankSpec``, the JSON file an agent writes for each rank of the built-in
-workload (agents/workloads): one set of names, bounds and defaults for both ends.
+with it) and, as ``RankTrain``, the ``train`` of a ``RankSpec``, the JSON file an agent writes for each
+rank of the built-in workload (agents/workloads/resnet_ddp reads it with ``RankSpec``): one set of
+names, bounds and defaults for both ends.
 
 This module is part of the protocol between the server and the agents: it imports nothing else of
 ``scheduler`` (agents import only ``scheduler.protocol``).
@@ -60,9 +61,25 @@ class TrainKnobs(_Strict):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class RankTrain(TrainKnobs):
+    """``TrainKnobs`` as a rank spec carries them: the same names, defaults and bounds, and what the
+    workload has always taken besides: ``channels_last`` and ``hflip`` also as true/false (read as "on"
+    and "off"; agents/launcher.py maps job.toml's on/off to booleans), and a fractional
+    ``warmup_epochs`` (the schedule counts optimizer steps; job.toml takes whole epochs)."""
+
+    # TrainKnobs' default and bounds, any number between; a widening (every int is taken), hence the ignore
+    warmup_epochs: float = Field(0, ge=0, le=1000)  # type: ignore[assignment]
+
+    @field_validator("channels_last", "hflip", mode="before")
+    @classmethod
+    def _bool_is_on_off(cls, v: Any) -> Any:
+        return ("on" if v else "off") if isinstance(v, bool) else v
+
+
 class RankSpec(_Strict):
     """One rank of the built-in workload: its shard files (absolute local paths, in assignment order),
-    where it writes checkpoints and metric lines, the checkpoint it resumes from (None: epoch 0)."""
+    where it writes checkpoints and metric lines, the checkpoint it resumes from (None: epoch 0), and
+    its ``train`` knobs (absent ones take job.toml's defaults)."""
 
     job_id: int = Field(ge=1)
     shards: list[str] = Field(min_length=1)
@@ -71,4 +88,4 @@ class RankSpec(_Strict):
     metrics_path: str
     resume_from: str | None = None
     stop_after_epochs: int | None = Field(None, ge=1)  # tests: stop (as if preempted) after this many
-    train: TrainKnobs = TrainKnobs()
+    train: RankTrain = RankTrain()

@@ -22,7 +22,7 @@ import torch
 
 from agents.datasets import make_shards
 from agents.shardfile import iter_shard, shard_path
-from agents.workloads.resnet_ddp import REFERENCE_BATCH, lr_factor, scaled_lr
+from agents.workloads.resnet_ddp.train import REFERENCE_BATCH, lr_factor, scaled_lr
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and learnable: 4 classes of 8x8 RGB images; 2 shards of 120, so each rank trains on 108.
@@ -156,7 +156,8 @@ def _accum_rank(rank: int, world: int, store: str, out: str) -> None:
     import torch.nn as nn
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from agents.workloads.resnet_ddp import backward_accumulated, build_model, to_input, wrap_ddp
+    from agents.workloads.resnet_ddp.data import to_input
+    from agents.workloads.resnet_ddp.model import backward_accumulated, build_model, wrap_ddp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -223,8 +224,10 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
     # Batch 8 x accumulate 2: 108 // 8 = 13 micro-batches -> 6 steps per epoch; warmup spans half an
-    # epoch so the schedule's position matters.
-    train = {"epochs": 2, "batch_size": 8, "lr": 0.8, "grad_accum_steps": 2, "warmup_epochs": 0.5, "seed": 5}
+    # epoch so the schedule's position matters.  The training tests name lr_scaling (and the digits test
+    # keep_checkpoints) because a rank spec's defaults are job.toml's ("none", 3).
+    train = {"epochs": 2, "batch_size": 8, "lr": 0.8, "lr_scaling": "linear", "grad_accum_steps": 2,
+             "warmup_epochs": 0.5, "seed": 5}
     whole = epochs_of(run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "whole"))
     first = run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "cut", stop_after_epochs=1)
     assert [m["epoch"] for m in epochs_of(first)] == [1]
@@ -252,7 +255,7 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
 def test_checkpoint_false_writes_no_checkpoint_and_still_trains(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
-    train = {"epochs": 2, "batch_size": 16, "lr": 0.1, "checkpoint": False}
+    train = {"epochs": 2, "batch_size": 16, "lr": 0.1, "lr_scaling": "linear", "checkpoint": False}
     lines = run_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "nockpt")
     assert [m["epoch"] for m in epochs_of(lines)] == [1, 2]
     assert [m for m in lines if m["type"] == "checkpoint"] == []
@@ -264,7 +267,7 @@ def test_checkpoint_false_writes_no_checkpoint_and_still_trains(tmp_path):
 def test_sigterm_stops_every_rank_cleanly(tmp_path):
     data = tmp_path / "data"
     make_shards(TINY, data, "tiny", 2, seed=0)
-    train = {"epochs": 500, "batch_size": 8, "lr": 0.1}
+    train = {"epochs": 500, "batch_size": 8, "lr": 0.1, "lr_scaling": "linear"}
     procs = start_ranks(tmp_path, data, "tiny", 2, 2, train, 4, "term")
     path = tmp_path / "term" / "metrics.jsonl"
     deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
@@ -289,7 +292,7 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
     # Measured here: about 95% after 3 epochs, 12-15 s each on 2 idle cores.
     data = tmp_path / "data"
     make_shards("digits", data, "digits", 4, seed=0)
-    train = {"epochs": 3, "batch_size": 32, "lr": 0.4}
+    train = {"epochs": 3, "batch_size": 32, "lr": 0.4, "lr_scaling": "linear", "keep_checkpoints": 0}
     lines = run_ranks(tmp_path, data, "digits", 4, 2, train, 10, "digits")
     epochs = epochs_of(lines)
     assert [m["epoch"] for m in epochs] == [1, 2, 3]
@@ -313,7 +316,7 @@ def test_digits_accuracy_above_90_percent_after_3_epochs(tmp_path):
 def test_stream_yields_the_counted_batches_of_training_samples_only(tmp_path, workers):
     from torch.utils.data import DataLoader
 
-    from agents.workloads.resnet_ddp import ShardStream, count_samples, split_counts
+    from agents.workloads.resnet_ddp.data import ShardStream, count_samples, split_counts
 
     # 2 shards of 120: positions 0, 10, ..., 110 held out (12 each) -> 108 training samples per shard.
     make_shards(TINY, tmp_path, "tiny", 2, seed=0)
@@ -362,7 +365,7 @@ GOOD = {
     ],
 )
 def test_bad_rank_specs_name_the_field(change, words):
-    from agents.workloads.resnet_ddp import SpecError, parse_spec
+    from agents.workloads.resnet_ddp.spec import SpecError, parse_spec
 
     assert parse_spec(GOOD).train.grad_accum_steps == 1
     with pytest.raises(SpecError, match=words):
@@ -385,7 +388,7 @@ def test_bad_spec_file_exits_2_with_the_reason(tmp_path):
 
 
 def test_bench_reports_images_per_second_on_cpu():
-    from agents.workloads.resnet_ddp import bench
+    from agents.workloads.resnet_ddp.bench import bench
 
     figures = bench((8, 8, 3), batch_size=4, steps=1, warmup_steps=1, device="cpu")
     assert figures["images_per_s"] > 0 and figures["device"] == "cpu" and figures["amp"] == "off"
