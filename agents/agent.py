@@ -30,7 +30,7 @@ from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.tickets import ticket_headers
 
 log = logging.getLogger("gsched.agent")
 FULL_INVENTORY_EVERY_S = 10.0

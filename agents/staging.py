@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.tickets import ticket_headers
 
 CHUNK = 1 << 20
 

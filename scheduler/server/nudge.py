@@ -15,7 +15,7 @@ import threading
 
 from sqlalchemy import select
 
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.tickets import ticket_headers
 from scheduler.server.service import get_setting
 from scheduler.store.db import Database
 from scheduler.store.models import Node
