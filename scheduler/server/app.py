@@ -46,12 +46,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
 from scheduler.core.errors import ApiError, BadRequest, Forbidden, Unauthorized
+from scheduler.protocol.messages import Heartbeat
 from scheduler.server.api_models import (
     MAX_ID,
     AgentTokenIn,
     DatasetIn,
     ErrorOut,
-    Heartbeat,
     JobSubmit,
     PlaceIn,
     SharesIn,

@@ -12,12 +12,12 @@ from sqlalchemy import func, select
 from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Unprocessable
 from scheduler.core.policy_config import PolicyConfig
-from scheduler.server.api_models import Heartbeat
+from scheduler.protocol.messages import Heartbeat
+from scheduler.server import service as svc
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import EXPLAIN_REFRESH_S, run_cycle
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.server import service as svc
 from scheduler.store.batching import WriteBatcher
 from scheduler.store.db import Database
 from scheduler.store.models import Dataset, Event, Job, Shard

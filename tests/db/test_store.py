@@ -15,12 +15,12 @@ from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Forbidden
 from scheduler.core.placement import Candidate
 from scheduler.core.policy_config import PolicyConfig
-from scheduler.server.api_models import Heartbeat, MetricIn
+from scheduler.protocol.messages import Heartbeat, MetricIn
+from scheduler.server import service as svc
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import bind, run_cycle
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.server import service as svc
 from scheduler.store.db import Database
 from scheduler.store.leader import holds, try_lead
 from scheduler.store.models import Dataset, Job, Rank, Replica, Shard
