@@ -14,12 +14,9 @@ import json
 import logging
 import os
 import signal
-import ssl
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
+from scheduler.protocol.http import ServerError, Servers, send
 from scheduler.protocol.tickets import ticket_headers
 
 log = logging.getLogger("gsched.agent")
@@ -46,8 +44,7 @@ class Agent:
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
                  net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
                  rendezvous_wait_s: float = 30.0) -> None:
-        self.servers = [s.rstrip("/") for s in servers]
-        self._ssl = ssl.create_default_context(cafile=ca) if ca else None  # verifies an HTTPS server
+        self.servers = Servers(servers, ca)  # with ca: verifies an HTTPS server against it
         self.node = node
         self.rack = rack
         self.data_dir = data_dir.resolve()
@@ -75,7 +72,6 @@ class Agent:
         self.pending_logs: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._server_index = 0
         self._last_full = 0.0
         self._last_scrub = time.monotonic()
         self._last_progress_log = 0.0
@@ -105,25 +101,19 @@ class Agent:
 
     # ------------------------------------------------------------ HTTP to the server
     def _post(self, path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode()
-        errors = []
-        for i in range(len(self.servers)):
-            idx = (self._server_index + i) % len(self.servers)
-            req = urllib.request.Request(self.servers[idx] + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "Authorization": f"Bearer {token or self.token}"})
-            try:
-                with urllib.request.urlopen(req, timeout=15, context=self._ssl) as resp:
-                    self._server_index = idx
-                    return dict(json.loads(resp.read()))
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode(errors="replace")[:500]
-                if e.code in (401, 403):
-                    raise SystemExit(f"gsched agent: the server refused this agent's token ({e.code}): {detail}") from None
-                errors.append(f"{self.servers[idx]}: HTTP {e.code} {detail}")
-            except OSError as e:
-                errors.append(f"{self.servers[idx]}: {e}")
-        raise ServerUnavailable("; ".join(errors))
+        """POST JSON to the first server that takes it (any failure but a refused token fails over to
+        the next).  A refused token (401, 403) ends the agent; no server taking it raises
+        ``ServerUnavailable`` saying what each one did."""
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or self.token}"}
+        try:
+            raw = self.servers.send("POST", path, json.dumps(body).encode(), headers, 15,
+                                    fail_over=lambda e, last: e.status not in (401, 403))
+        except ServerError as e:
+            if e.status in (401, 403):
+                raise SystemExit(f"gsched agent: the server refused this agent's token ({e.status}): "
+                                 f"{e.message[:500]}") from None
+            raise ServerUnavailable(e.message) from None
+        return dict(json.loads(raw))
 
     # ------------------------------------------------------------ helpers used by runners
     def threads_per_rank(self, devices: int) -> int:
@@ -170,15 +160,12 @@ class Agent:
             try:
                 checkpoint_path(self.data_dir, job_id, name)
                 with open(path, "rb") as f:
-                    req = urllib.request.Request(
-                        f"http://{address}/checkpoints/{job_id}/{name}", data=f, method="PUT",
-                        headers={**ticket_headers(self.peer_key, "ckpt", job_id, name),
-                                 "Content-Length": str(path.stat().st_size),
-                                 "X-Gsched-Keep": str(max(0, int(keep)))})
-                    with urllib.request.urlopen(req, timeout=60):
-                        pass
+                    send(f"http://{address}/checkpoints/{job_id}/{name}", "PUT", f,
+                         {**ticket_headers(self.peer_key, "ckpt", job_id, name),
+                          "Content-Length": str(path.stat().st_size), "X-Gsched-Keep": str(max(0, int(keep)))},
+                         timeout_s=60)
                 return [node]
-            except (OSError, ValueError) as e:
+            except (ServerError, OSError, ValueError) as e:
                 log.warning("mirroring %s to %s failed: %s", name, node, e)
         return []
 
