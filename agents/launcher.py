@@ -2,7 +2,8 @@
 
 A ``RankRunner`` is a thread owned by the agent.  The agent reads ``report()`` into each heartbeat
 and calls ``update(assignment)`` with the ``Assignment`` the server sends back (the rendezvous port
-arrives that way) and ``kill()`` when told to stop the rank.
+arrives that way) and ``kill()`` when told to stop the rank.  The rank process is the built-in
+workload, started with a ``RankSpec`` file (scheduler/protocol/rankspec.py) made from the assignment.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agents.rankfail import RENDEZVOUS, rendezvous_failure
 from agents.shardfile import background_priority, shard_path
 from agents.staging import StagingError, fetch
 from scheduler.protocol.messages import Assignment, ShardSource
+from scheduler.protocol.rankspec import RankSpec
 
 log = logging.getLogger("gsched.agent.rank")
 KILL_GRACE_S = 10.0
@@ -172,7 +174,7 @@ class RankRunner(threading.Thread):
 
     def _mirror(self, line: dict[str, Any]) -> None:
         background_priority()  # the next epoch is training on these cores
-        keep = int(self.a.train.get("keep_checkpoints", 0) or 0)
+        keep = self.a.knobs().keep_checkpoints  # as many as the rank keeps (it was launched with these)
         line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, Path(str(line.get("path", ""))), keep)
 
     # ------------------------------------------------------------ the rank's life
@@ -313,15 +315,11 @@ class RankRunner(threading.Thread):
 
     def _launch(self, paths: list[str], resume: str | None, port: int) -> None:
         a = self.a
-        train = dict(a.train)
-        for knob in ("channels_last", "hflip"):  # job.toml says on/off/auto; the rank spec takes booleans
-            if knob in train:
-                train[knob] = {"on": True, "off": False}.get(train[knob], train[knob])
-        spec = {"job_id": a.job_id, "shards": paths, "num_classes": a.num_classes,
-                "checkpoint_dir": str(checkpoint_dir(self.agent.data_dir, a.job_id)), "resume_from": resume,
-                "metrics_path": str(self.metrics_path), "train": train}
+        spec = RankSpec(job_id=a.job_id, shards=paths, num_classes=a.num_classes,
+                        checkpoint_dir=str(checkpoint_dir(self.agent.data_dir, a.job_id)),
+                        metrics_path=str(self.metrics_path), resume_from=resume, train=a.knobs())
         spec_path = self.run_dir / f"rank-{a.rank}.spec.json"
-        spec_path.write_text(json.dumps(spec, indent=1))
+        spec_path.write_text(json.dumps(workload_spec(spec), indent=1))
         env = dict(os.environ)
         threads = str(self.agent.threads_per_rank(len(a.devices)))
         env.update({
@@ -360,6 +358,16 @@ class RankRunner(threading.Thread):
         self.exit_code = code
         self.state = "KILLED" if self._killed.is_set() else "EXITED"
         log.info("job %s rank %s exited with %s", a.job_id, a.rank, code)
+
+
+def workload_spec(spec: RankSpec) -> dict[str, Any]:
+    """The rank spec file's JSON: ``spec`` as ``model_dump``, except that ``train.channels_last`` and
+    ``train.hflip`` are true/false where the job file says "on"/"off" ("auto" stays): what the
+    workload (agents/workloads/resnet_ddp.py ``parse_spec``) reads."""
+    doc = spec.model_dump(mode="json")
+    for knob in ("channels_last", "hflip"):
+        doc["train"][knob] = {"on": True, "off": False}.get(doc["train"][knob], doc["train"][knob])
+    return doc
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
