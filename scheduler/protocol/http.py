@@ -16,9 +16,9 @@ a request that got no answer (refused, timed out, TLS) raises ``OSError`` from t
 and is a failover line (``ServerError(0, ...)``) in ``Servers``.  ``ServerError`` is not an OSError.
 
 Why the standard library (urllib, over http.client) rather than httpx: start-up.  ``gsched queue`` is
-one request, and the import is most of its cost; measured with ``python -X importtime`` (the least of
-9 runs on the 2-core build machine): ``import scheduler.protocol.http`` 35 ms, ``import httpx`` 106 ms,
-``import requests`` 121 ms.  For the same reason this module imports neither pydantic nor
+one request, so importing the client is a large part of its time; measured with ``python -X importtime``
+(the least of 9 runs on the 2-core build machine, where a bare ``python -c pass`` takes 71 ms):
+``import scheduler.protocol.http`` 35 ms, ``import httpx`` 106 ms, ``import requests`` 121 ms.  For the same reason this module imports neither pydantic nor
 scheduler.protocol.messages.  urllib honours the ``*_proxy`` environment variables; ``direct=True``
 ignores them (the server's nudges, sent with http.client before this module took them over).
 """
