@@ -14,12 +14,9 @@ import json
 import logging
 import os
 import signal
-import ssl
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,9 @@ from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.http import ServerError, Servers, send
+from scheduler.protocol.messages import HeartbeatReply, TransferOrder
+from scheduler.protocol.tickets import ticket_headers
 
 log = logging.getLogger("gsched.agent")
 FULL_INVENTORY_EVERY_S = 10.0
@@ -46,8 +45,7 @@ class Agent:
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
                  net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
                  rendezvous_wait_s: float = 30.0) -> None:
-        self.servers = [s.rstrip("/") for s in servers]
-        self._ssl = ssl.create_default_context(cafile=ca) if ca else None  # verifies an HTTPS server
+        self.servers = Servers(servers, ca)  # with ca: verifies an HTTPS server against it
         self.node = node
         self.rack = rack
         self.data_dir = data_dir.resolve()
@@ -75,7 +73,6 @@ class Agent:
         self.pending_logs: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._server_index = 0
         self._last_full = 0.0
         self._last_scrub = time.monotonic()
         self._last_progress_log = 0.0
@@ -105,25 +102,19 @@ class Agent:
 
     # ------------------------------------------------------------ HTTP to the server
     def _post(self, path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode()
-        errors = []
-        for i in range(len(self.servers)):
-            idx = (self._server_index + i) % len(self.servers)
-            req = urllib.request.Request(self.servers[idx] + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "Authorization": f"Bearer {token or self.token}"})
-            try:
-                with urllib.request.urlopen(req, timeout=15, context=self._ssl) as resp:
-                    self._server_index = idx
-                    return dict(json.loads(resp.read()))
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode(errors="replace")[:500]
-                if e.code in (401, 403):
-                    raise SystemExit(f"gsched agent: the server refused this agent's token ({e.code}): {detail}") from None
-                errors.append(f"{self.servers[idx]}: HTTP {e.code} {detail}")
-            except OSError as e:
-                errors.append(f"{self.servers[idx]}: {e}")
-        raise ServerUnavailable("; ".join(errors))
+        """POST JSON to the first server that takes it (any failure but a refused token fails over to
+        the next).  A refused token (401, 403) ends the agent; no server taking it raises
+        ``ServerUnavailable`` saying what each one did."""
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or self.token}"}
+        try:
+            raw = self.servers.send("POST", path, json.dumps(body).encode(), headers, 15,
+                                    fail_over=lambda e, last: e.status not in (401, 403))
+        except ServerError as e:
+            if e.status in (401, 403):
+                raise SystemExit(f"gsched agent: the server refused this agent's token ({e.status}): "
+                                 f"{e.message[:500]}") from None
+            raise ServerUnavailable(e.message) from None
+        return dict(json.loads(raw))
 
     # ------------------------------------------------------------ helpers used by runners
     def threads_per_rank(self, devices: int) -> int:
@@ -170,15 +161,12 @@ class Agent:
             try:
                 checkpoint_path(self.data_dir, job_id, name)
                 with open(path, "rb") as f:
-                    req = urllib.request.Request(
-                        f"http://{address}/checkpoints/{job_id}/{name}", data=f, method="PUT",
-                        headers={**ticket_headers(self.peer_key, "ckpt", job_id, name),
-                                 "Content-Length": str(path.stat().st_size),
-                                 "X-Gsched-Keep": str(max(0, int(keep)))})
-                    with urllib.request.urlopen(req, timeout=60):
-                        pass
+                    send(f"http://{address}/checkpoints/{job_id}/{name}", "PUT", f,
+                         {**ticket_headers(self.peer_key, "ckpt", job_id, name),
+                          "Content-Length": str(path.stat().st_size), "X-Gsched-Keep": str(max(0, int(keep)))},
+                         timeout_s=60)
                 return [node]
-            except (OSError, ValueError) as e:
+            except (ServerError, OSError, ValueError) as e:
                 log.warning("mirroring %s to %s failed: %s", name, node, e)
         return []
 
@@ -212,7 +200,7 @@ class Agent:
         self._pids_file().write_text("")
 
     # ------------------------------------------------------------ the loop
-    def heartbeat(self) -> dict[str, Any]:
+    def heartbeat(self) -> HeartbeatReply:
         now = time.monotonic()
         body: dict[str, Any] = {"node": self.node, "rack": self.rack, "address": self.address,
                                 "incarnation": self.incarnation, "devices": self.devices,
@@ -236,7 +224,7 @@ class Agent:
         body["metrics"] = self.pending_metrics[:512]
         body["transfers"] = [{"id": t, **{k: v for k, v in st.items() if k in ("state", "bytes", "reason")}}
                              for t, st in self.transfers.items() if st["state"] in ("done", "failed", "running")]
-        reply = self._post("/v1/agent/heartbeat", body)
+        reply = HeartbeatReply.model_validate(self._post("/v1/agent/heartbeat", body))
         del self.pending_logs[: len(body["logs"])]
         del self.pending_metrics[: len(body["metrics"])]
         for t in body["transfers"]:
@@ -246,29 +234,29 @@ class Agent:
                                  if said["state"] in ("EXITED", "KILLED")})
         return reply
 
-    def apply(self, reply: dict[str, Any], ended: set[tuple[int, int, int]]) -> None:
+    def apply(self, reply: HeartbeatReply, ended: set[tuple[int, int, int]]) -> None:
         """Act on a heartbeat's reply.  ``ended``: the ranks that heartbeat reported EXITED or KILLED
         (a rank that exited with logs or metrics still to hand over was reported RUNNING)."""
-        self.peer_key = reply.get("peer_key") or self.peer_key
-        if "peers" in reply:  # sent while this node runs ranks: where to mirror checkpoints, best first
-            self.peers = {p["name"]: p["address"] for p in reply["peers"]}
-        self.heartbeat_s = float(reply.get("heartbeat_s", self.heartbeat_s))
+        self.peer_key = reply.peer_key or self.peer_key
+        if reply.peers is not None:  # sent while this node runs ranks: where to mirror checkpoints, best first
+            self.peers = {p.name: p.address for p in reply.peers}
+        if reply.heartbeat_s is not None:
+            self.heartbeat_s = reply.heartbeat_s
         wanted = set()
-        for a in reply.get("assignments", []):
-            key = (a["job_id"], a["attempt"], a["rank"])
-            wanted.add(key)
-            runner = self.ranks.get(key)
+        for a in reply.assignments:
+            wanted.add(a.key)
+            runner = self.ranks.get(a.key)
             if runner is None:
                 runner = RankRunner(self, a)
-                self.ranks[key] = runner
-                log.info("job %s attempt %s rank %s assigned (devices %s, %d shards)", a["job_id"], a["attempt"],
-                         a["rank"], a["devices"], len(a["shards"]))
+                self.ranks[a.key] = runner
+                log.info("job %s attempt %s rank %s assigned (devices %s, %d shards)", a.job_id, a.attempt,
+                         a.rank, a.devices, len(a.shards))
                 runner.start()
             else:
                 runner.update(a)
         killed = set()
-        for k in reply.get("kill", []):
-            key = (k["job_id"], k["attempt"], k["rank"])
+        for k in reply.kill:
+            key = (k.job_id, k.attempt, k.rank)
             killed.add(key)
             runner = self.ranks.get(key)
             if runner is not None:
@@ -279,29 +267,29 @@ class Agent:
         for key in ended:
             if key not in wanted and key not in killed:
                 self.ranks.pop(key, None)
-        for t in reply.get("transfers", []):
-            if t["id"] not in self.transfers:
-                self.transfers[t["id"]] = {"state": "running", "bytes": 0, "reason": ""}
+        for t in reply.transfers:
+            if t.id not in self.transfers:
+                self.transfers[t.id] = {"state": "running", "bytes": 0, "reason": ""}
                 threading.Thread(target=self._replicate, args=(t,), daemon=True).start()
-        for d in reply.get("delete", []):
+        for d in reply.delete:
             try:
-                shard_path(self.data_dir, d["dataset"], d["shard"]).unlink(missing_ok=True)
+                shard_path(self.data_dir, d.dataset, d.shard).unlink(missing_ok=True)
                 self._last_full = 0.0
             except (OSError, ValueError) as e:
-                log.warning("could not delete %s: %s", d, e)
+                log.warning("could not delete %s/%s: %s", d.dataset, d.shard, e)
 
-    def _replicate(self, t: dict[str, Any]) -> None:
-        status = self.transfers[t["id"]]
+    def _replicate(self, t: TransferOrder) -> None:
+        status = self.transfers[t.id]
         try:
-            path = shard_path(self.data_dir, t["dataset"], t["shard"])
-            n = fetch(t["source_address"], f"shards/{t['dataset']}/{t['shard']}", ("get", t["dataset"], t["shard"]),
-                      path, t["sha256"], self.peer_key or "")
-            self.note_shard(t["dataset"], t["shard"], path, t["sha256"])
+            path = shard_path(self.data_dir, t.dataset, t.shard)
+            n = fetch(t.source_address, f"shards/{t.dataset}/{t.shard}", ("get", t.dataset, t.shard), path, t.sha256,
+                      self.peer_key or "")
+            self.note_shard(t.dataset, t.shard, path, t.sha256)
             status.update(state="done", bytes=n)
-            log.info("replica %s/%s copied from %s (%d bytes)", t["dataset"], t["shard"], t["source"], n)
+            log.info("replica %s/%s copied from %s (%d bytes)", t.dataset, t.shard, t.source, n)
         except (StagingError, ValueError) as e:
             status.update(state="failed", reason=str(e)[:2000])
-            log.warning("replica copy %s/%s failed: %s", t["dataset"], t["shard"], e)
+            log.warning("replica copy %s/%s failed: %s", t.dataset, t.shard, e)
         self._wake.set()
 
     def run(self) -> None:

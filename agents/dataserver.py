@@ -34,7 +34,7 @@ from agents.shardfile import (
     shard_path,
     valid_name,
 )
-from scheduler.server.auth import check_ticket
+from scheduler.protocol.tickets import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
 TICKET_TTL_S = 300  # a ticket is good for this long after it was made (it is checked when a request starts)

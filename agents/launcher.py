@@ -1,8 +1,9 @@
 """One rank on this node: stage its shards, wait for the rendezvous port, run the process, report.
 
 A ``RankRunner`` is a thread owned by the agent.  The agent reads ``report()`` into each heartbeat
-and calls ``update(assignment)`` with what the server sends back (the rendezvous port arrives that
-way) and ``kill()`` when told to stop the rank.
+and calls ``update(assignment)`` with the ``Assignment`` the server sends back (the rendezvous port
+arrives that way) and ``kill()`` when told to stop the rank.  The rank process is the built-in
+workload, started with a ``RankSpec`` file (scheduler/protocol/rankspec.py) made from the assignment.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from agents.dataserver import checkpoint_dir, checkpoint_path
 from agents.rankfail import RENDEZVOUS, rendezvous_failure
 from agents.shardfile import background_priority, shard_path
 from agents.staging import StagingError, fetch
+from scheduler.protocol.messages import Assignment, ShardSource
+from scheduler.protocol.rankspec import RankSpec
 
 log = logging.getLogger("gsched.agent.rank")
 KILL_GRACE_S = 10.0
@@ -32,11 +35,11 @@ class RendezvousError(RuntimeError):
 
 
 class RankRunner(threading.Thread):
-    def __init__(self, agent: Any, assignment: dict[str, Any]) -> None:
-        super().__init__(name=f"rank-{assignment['job_id']}.{assignment['rank']}", daemon=True)
+    def __init__(self, agent: Any, assignment: Assignment) -> None:
+        super().__init__(name=f"rank-{assignment.job_id}.{assignment.rank}", daemon=True)
         self.agent = agent
         self.a = assignment
-        self.key = (assignment["job_id"], assignment["attempt"], assignment["rank"])
+        self.key = assignment.key
         self._state = "STAGING"
         self.exit_code: int | None = None
         self.error = ""
@@ -49,10 +52,10 @@ class RankRunner(threading.Thread):
         self.proc: subprocess.Popen[bytes] | None = None
         self._killed = threading.Event()
         self._lock = threading.Lock()
-        root = agent.data_dir / ".gsched" / "jobs" / str(self.a["job_id"]) / f"attempt-{self.a['attempt']}"
+        root = agent.data_dir / ".gsched" / "jobs" / str(self.a.job_id) / f"attempt-{self.a.attempt}"
         root.mkdir(parents=True, exist_ok=True)
         self.run_dir = root
-        self.log_path = root / f"rank-{self.a['rank']}.log"
+        self.log_path = root / f"rank-{self.a.rank}.log"
         self.metrics_path = root / "metrics.jsonl"
         self.log_offset = 0
         self.metrics_offset = 0
@@ -73,7 +76,7 @@ class RankRunner(threading.Thread):
             self.agent.report_soon()
 
     # ------------------------------------------------------------ called by the agent
-    def update(self, assignment: dict[str, Any]) -> None:
+    def update(self, assignment: Assignment) -> None:
         with self._lock:
             self.a = assignment
 
@@ -95,7 +98,7 @@ class RankRunner(threading.Thread):
         if self._held or (self._mirroring is not None and self._mirroring.is_alive()):
             return False
         try:
-            if self.a["rank"] == 0 and self.metrics_path.stat().st_size > self.metrics_offset:
+            if self.a.rank == 0 and self.metrics_path.stat().st_size > self.metrics_offset:
                 return False
         except OSError:
             pass
@@ -140,7 +143,7 @@ class RankRunner(threading.Thread):
         copied to another node in a background thread, so the server only ever records mirrored
         checkpoints and the heartbeat never waits on a copy.
         """
-        if self.a["rank"] != 0:
+        if self.a.rank != 0:
             return []
         if self._mirroring is not None:
             if self._mirroring.is_alive():
@@ -171,8 +174,8 @@ class RankRunner(threading.Thread):
 
     def _mirror(self, line: dict[str, Any]) -> None:
         background_priority()  # the next epoch is training on these cores
-        keep = int((self.a.get("train") or {}).get("keep_checkpoints", 0) or 0)
-        line["mirrors"] = self.agent.mirror_checkpoint(self.a["job_id"], Path(str(line.get("path", ""))), keep)
+        keep = self.a.knobs().keep_checkpoints  # as many as the rank keeps (it was launched with these)
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, Path(str(line.get("path", ""))), keep)
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:
@@ -208,26 +211,25 @@ class RankRunner(threading.Thread):
                 self.agent.ports.release(self.master_port)
 
     def _stage(self) -> list[str]:
-        shards = self.a["shards"]
         todo = []
         paths = []
-        for sh in shards:
-            path = shard_path(self.agent.data_dir, sh["dataset"], sh["index"])
+        for sh in self.a.shards:
+            path = shard_path(self.agent.data_dir, sh.dataset, sh.index)
             paths.append(str(path))
             if self._on_disk(sh, path):
                 continue
             todo.append((sh, path))
-        self.staging_total = sum(int(sh["bytes"]) for sh, _ in todo)
+        self.staging_total = sum(sh.bytes for sh, _ in todo)
         done_before = 0
         t0 = time.monotonic()
         for sh, path in todo:
             if self._killed.is_set():
                 break
-            with self.agent.flights.hold(sh["dataset"], sh["index"]):
+            with self.agent.flights.hold(sh.dataset, sh.index):
                 if self._on_disk(sh, path):  # another rank of this node staged it meanwhile
-                    self.staging_total -= int(sh["bytes"])
+                    self.staging_total -= sh.bytes
                     log.info("job %s: shard %s/%s already staged on this node by another rank", self.key[0],
-                             sh["dataset"], sh["index"])
+                             sh.dataset, sh.index)
                     continue
                 done_before = self._fetch(sh, path, done_before, t0)
         if todo:
@@ -235,12 +237,12 @@ class RankRunner(threading.Thread):
             self.staged = done_before
         return paths
 
-    def _on_disk(self, sh: dict[str, Any], path: Path) -> bool:
-        return path.is_file() and self.agent.local_sha(sh["dataset"], sh["index"], path) == sh["sha256"]
+    def _on_disk(self, sh: ShardSource, path: Path) -> bool:
+        return path.is_file() and self.agent.local_sha(sh.dataset, sh.index, path) == sh.sha256
 
-    def _fetch(self, sh: dict[str, Any], path: Path, done_before: int, t0: float) -> int:
+    def _fetch(self, sh: ShardSource, path: Path, done_before: int, t0: float) -> int:
         """Stage one shard from its source, else its alternates; returns the bytes staged so far."""
-        sources = [sh["source_address"]] + [a for a in sh.get("alternates", []) if a != sh["source_address"]]
+        sources = [sh.source_address] + [a for a in sh.alternates if a != sh.source_address]
         last_error: Exception | None = None
         for address in sources:
             if not address:
@@ -251,9 +253,9 @@ class RankRunner(threading.Thread):
                     self.rate = self.staged / max(time.monotonic() - t0, 1e-6)
                     self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
 
-                n = fetch(address, f"shards/{sh['dataset']}/{sh['index']}", ("get", sh["dataset"], sh["index"]),
-                          path, sh["sha256"], self.agent.peer_key or "", progress)
-                self.agent.note_shard(sh["dataset"], sh["index"], path, sh["sha256"])
+                n = fetch(address, f"shards/{sh.dataset}/{sh.index}", ("get", sh.dataset, sh.index),
+                          path, sh.sha256, self.agent.peer_key or "", progress)
+                self.agent.note_shard(sh.dataset, sh.index, path, sh.sha256)
                 done_before += n
                 last_error = None
                 break
@@ -261,33 +263,34 @@ class RankRunner(threading.Thread):
                 last_error = e
                 log.warning("job %s: %s; trying another replica", self.key[0], e)
         if last_error is not None:
-            raise StagingError(f"shard {sh['dataset']}/{sh['index']}: every replica failed; last: {last_error}")
+            raise StagingError(f"shard {sh.dataset}/{sh.index}: every replica failed; last: {last_error}")
         return done_before
 
     def _stage_checkpoint(self) -> str | None:
-        resume = self.a.get("resume")
-        if not resume:
+        resume = self.a.resume
+        if resume is None:
             return None
-        name = Path(resume["path"]).name
-        local = checkpoint_path(self.agent.data_dir, self.a["job_id"], name)
+        job_id = self.a.job_id
+        name = Path(resume.path).name
+        local = checkpoint_path(self.agent.data_dir, job_id, name)
         if local.is_file():
             return str(local)
-        for node, address in zip(resume.get("nodes", []), resume.get("addresses", []), strict=False):
+        for node, address in zip(resume.nodes, resume.addresses, strict=False):
             if node == self.agent.node or not address:
                 continue
             try:
-                fetch(address, f"checkpoints/{self.a['job_id']}/{name}", ("ckpt", self.a["job_id"], name), local,
-                      None, self.agent.peer_key or "")
+                fetch(address, f"checkpoints/{job_id}/{name}", ("ckpt", job_id, name), local, None,
+                      self.agent.peer_key or "")
                 return str(local)
             except StagingError as e:
                 log.warning("checkpoint %s from %s: %s", name, node, e)
-        raise StagingError(f"checkpoint {name} could not be fetched from {resume.get('nodes')}")
+        raise StagingError(f"checkpoint {name} could not be fetched from {resume.nodes}")
 
     def _rendezvous(self) -> int | None:
         """Rank 0: a port from the agent's range, held until this rank ends (agents/ports.py); it waits
         a bounded time for one to come free.  Other ranks: the port rank 0 reported, as the server
         passes it on."""
-        if self.a["rank"] == 0:
+        if self.a.rank == 0:
             ports = self.agent.ports
             deadline = time.monotonic() + self.agent.rendezvous_wait_s
             while not self._killed.is_set():
@@ -304,7 +307,7 @@ class RankRunner(threading.Thread):
             return None
         while not self._killed.is_set():
             with self._lock:
-                port = self.a.get("master_port")
+                port = self.a.master_port
             if port:
                 return int(port)
             time.sleep(0.1)
@@ -312,22 +315,18 @@ class RankRunner(threading.Thread):
 
     def _launch(self, paths: list[str], resume: str | None, port: int) -> None:
         a = self.a
-        train = dict(a.get("train", {}))
-        for knob in ("channels_last", "hflip"):  # job.toml says on/off/auto; the rank spec takes booleans
-            if knob in train:
-                train[knob] = {"on": True, "off": False}.get(train[knob], train[knob])
-        spec = {"job_id": a["job_id"], "shards": paths, "num_classes": a.get("num_classes", 10),
-                "checkpoint_dir": str(checkpoint_dir(self.agent.data_dir, a["job_id"])), "resume_from": resume,
-                "metrics_path": str(self.metrics_path), "train": train}
-        spec_path = self.run_dir / f"rank-{a['rank']}.spec.json"
-        spec_path.write_text(json.dumps(spec, indent=1))
+        spec = RankSpec(job_id=a.job_id, shards=paths, num_classes=a.num_classes,
+                        checkpoint_dir=str(checkpoint_dir(self.agent.data_dir, a.job_id)),
+                        metrics_path=str(self.metrics_path), resume_from=resume, train=a.knobs())
+        spec_path = self.run_dir / f"rank-{a.rank}.spec.json"
+        spec_path.write_text(json.dumps(workload_spec(spec), indent=1))
         env = dict(os.environ)
-        threads = str(self.agent.threads_per_rank(len(a["devices"])))
+        threads = str(self.agent.threads_per_rank(len(a.devices)))
         env.update({
-            "MASTER_ADDR": a.get("master_addr") or "127.0.0.1", "MASTER_PORT": str(port),
-            "RANK": str(a["rank"]), "LOCAL_RANK": str(a["local_rank"]), "WORLD_SIZE": str(a["world_size"]),
-            "LOCAL_WORLD_SIZE": str(a["local_world_size"]), "GSCHED_JOB_ID": str(a["job_id"]),
-            "GSCHED_DEVICES": ",".join(str(d) for d in a["devices"]), "PYTHONUNBUFFERED": "1",
+            "MASTER_ADDR": a.master_addr or "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(a.rank), "LOCAL_RANK": str(a.local_rank), "WORLD_SIZE": str(a.world_size),
+            "LOCAL_WORLD_SIZE": str(a.local_world_size), "GSCHED_JOB_ID": str(a.job_id),
+            "GSCHED_DEVICES": ",".join(str(d) for d in a.devices), "PYTHONUNBUFFERED": "1",
             # The rank's CPU threads: torch's own pool (GSCHED_THREADS) and OpenMP's for whatever
             # else reads it, as torchrun sets OMP_NUM_THREADS for its ranks.
             "GSCHED_THREADS": threads, "OMP_NUM_THREADS": threads,
@@ -335,7 +334,7 @@ class RankRunner(threading.Thread):
         if self.agent.net_iface:  # which interface gloo and NCCL bind on multi-homed hosts
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.agent.net_iface
         if self.agent.device_kind == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a["devices"])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a.devices)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
         if self._killed.is_set():
@@ -347,7 +346,7 @@ class RankRunner(threading.Thread):
                                          start_new_session=True)
         self.agent.remember_pid(self.proc.pid)
         self.state = "RUNNING"
-        log.info("job %s rank %s started (pid %s, devices %s)", a["job_id"], a["rank"], self.proc.pid, a["devices"])
+        log.info("job %s rank %s started (pid %s, devices %s)", a.job_id, a.rank, self.proc.pid, a.devices)
         code = self.proc.wait()
         self.agent.forget_pid(self.proc.pid)
         if self._killed.is_set():
@@ -358,7 +357,13 @@ class RankRunner(threading.Thread):
                 self.error, self.failure = f"rendezvous failed on port {port}: {sign}", RENDEZVOUS
         self.exit_code = code
         self.state = "KILLED" if self._killed.is_set() else "EXITED"
-        log.info("job %s rank %s exited with %s", a["job_id"], a["rank"], code)
+        log.info("job %s rank %s exited with %s", a.job_id, a.rank, code)
+
+
+def workload_spec(spec: RankSpec) -> dict[str, Any]:
+    """The rank spec file's JSON: ``spec`` as ``model_dump``, what the workload reads with ``RankSpec``
+    (agents/workloads/resnet_ddp/spec.py)."""
+    return spec.model_dump(mode="json")
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

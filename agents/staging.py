@@ -6,12 +6,12 @@ import hashlib
 import os
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.http import ServerError, open_url
+from scheduler.protocol.tickets import ticket_headers
 
 CHUNK = 1 << 20
 
@@ -73,14 +73,14 @@ def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: P
     peer refuses, the connection breaks, or the bytes do not hash to ``sha256``; ``dest`` is then
     untouched.
     """
-    req = urllib.request.Request(f"http://{address}/{resource}", headers=ticket_headers(peer_key, *ticket_parts))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".fetch{os.getpid()}-{threading.get_ident()}")
     digest = hashlib.sha256()
     done = 0
     t0 = last = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp, open(tmp, "wb") as f:
+        with open_url(f"http://{address}/{resource}", headers=ticket_headers(peer_key, *ticket_parts),
+                      timeout_s=timeout_s) as resp, open(tmp, "wb") as f:
             total = int(resp.headers.get("Content-Length", "0"))
             while block := resp.read(CHUNK):
                 f.write(block)
@@ -92,6 +92,9 @@ def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: P
                     last = now
         if progress:
             progress(done, total, done / max(time.monotonic() - t0, 1e-6))
+    except ServerError as e:
+        tmp.unlink(missing_ok=True)
+        raise StagingError(f"fetching {resource} from {address}: HTTP {e.status} {e.message}") from e
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise StagingError(f"fetching {resource} from {address}: {e}") from e

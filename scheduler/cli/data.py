@@ -6,13 +6,11 @@ import argparse
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from agents.shardfile import shard_path
-from scheduler.protocol.http import ApiError, Client
+from scheduler.protocol.http import Client, ServerError, send
 
 
 def _bar(label: str, done: float, total: float, width: int = 30, extra: str = "") -> None:
@@ -66,20 +64,18 @@ def make_dataset(c: Client, args: argparse.Namespace) -> int:
 
 
 def _upload(up: dict[str, Any], name: str, path: Path, sha: str) -> int:
+    """PUT one copy of a shard to the agent the server chose, with the server's ticket for it; raises
+    ``ServerError`` (the agent's status, or 0 when it did not answer) naming the shard and the node."""
     size = path.stat().st_size
     url = f"http://{up['address']}/shards/{name}/{up['shard']}?sha256={sha}"
     with open(path, "rb") as f:
-        req = urllib.request.Request(url, data=f, method="PUT",
-                                     headers={"X-Gsched-Ticket": up["ticket"], "Content-Length": str(size),
-                                              "Content-Type": "application/octet-stream"})
         try:
-            with urllib.request.urlopen(req, timeout=120):
-                pass
-        except urllib.error.HTTPError as e:
-            raise ApiError(e.code, f"upload of shard {up['shard']} to {up['node']} refused: "
-                           f"{e.read().decode(errors='replace').strip()}") from None
+            send(url, "PUT", f, {"X-Gsched-Ticket": up["ticket"], "Content-Length": str(size),
+                                 "Content-Type": "application/octet-stream"}, timeout_s=120)
+        except ServerError as e:
+            raise ServerError(e.status, f"upload of shard {up['shard']} to {up['node']} refused: {e.message}") from None
         except OSError as e:
-            raise ApiError(0, f"upload of shard {up['shard']} to {up['node']} ({up['address']}) failed: {e}") from None
+            raise ServerError(0, f"upload of shard {up['shard']} to {up['node']} ({up['address']}) failed: {e}") from None
     return size
 
 

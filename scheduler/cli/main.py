@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from scheduler.protocol.http import ApiError, Client
+from scheduler.protocol.http import Client, ServerError
 
 VERBS = {
     "server": "run the central scheduler (API + scheduling cycles)",
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return int(HANDLERS[args.verb](args) or 0)
-    except ApiError as e:
+    except ServerError as e:
         print(f"gsched {args.verb}: {e.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -323,7 +323,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:
             out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})
             break
-        except ApiError as e:
+        except ServerError as e:
             if e.status != 0 and e.status < 500:
                 print(f"gsched submit: {args.file}: {e.message}", file=sys.stderr)
                 return 1

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduler.protocol.http import ApiError, Client
+from scheduler.protocol.http import Client, ServerError
 
 
 def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interval_s: float = 1.0,
@@ -44,7 +44,7 @@ def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interva
                     view = select(c.get("/v1/jobs", all="true" if include_done else None))
                     last = QueueView(view, note)
                     live.update(last, refresh=True)
-                except ApiError as e:
+                except ServerError as e:
                     error = Text(f"server unreachable ({e.message}); retrying every {interval_s:g}s", style="red")
                     live.update(Group(error, last), refresh=True)
                 frames += 1
@@ -68,7 +68,7 @@ def _print_frames(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]],
         while max_frames is None or frames < max_frames:
             try:
                 console.print(QueueView(select(c.get("/v1/jobs", all="true" if include_done else None)), note))
-            except ApiError as e:
+            except ServerError as e:
                 console.print(f"server unreachable ({e.message}); retrying every {interval_s:g}s")
             console.print()
             console.file.flush()

@@ -1,7 +1,7 @@
 """What the server hands a rank and what a rank is told to train: the one definition of each knob.
 
 ``TrainKnobs`` is the ``[train]`` table of a job.toml (scheduler/core/jobspec.py validates the job file
-with it) and, as ``RankTrain``, the ``train`` of a ``RankSpec``, the JSON file an agent writes for each
+with it) and the ``train`` of a ``RankSpec``, the JSON file an agent writes for each
 rank of the built-in workload (agents/workloads/resnet_ddp reads it with ``RankSpec``): one set of
 names, bounds and defaults for both ends.
 
@@ -28,7 +28,7 @@ class TrainKnobs(_Strict):
     weight_decay: float = Field(5e-4, ge=0, le=1)
     grad_accum_steps: int = Field(1, ge=1, le=1024)
     lr_scaling: Literal["linear", "none"] = "none"
-    warmup_epochs: int = Field(0, ge=0, le=1000)
+    warmup_epochs: float = Field(0, ge=0, le=1000)  # may be fractional: the schedule counts optimizer steps
     loader_workers: int = Field(0, ge=0, le=64)
     eval_every: int = Field(1, ge=0, le=10000)
     keep_checkpoints: int = Field(3, ge=0, le=10000)  # newest per-epoch checkpoints kept per copy; 0 keeps all
@@ -37,7 +37,7 @@ class TrainKnobs(_Strict):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["auto", "bf16", "off"] = "auto"
-    channels_last: Literal["auto", "on", "off"] = "auto"
+    channels_last: Literal["auto", "on", "off"] = "auto"  # true/false are read as "on"/"off"
     hflip: Literal["auto", "on", "off"] = "auto"  # auto: flip 3-channel images only (not digits)
     crop_padding: int | Literal["auto"] = Field("auto")  # random-crop padding in pixels; auto: side // 8
 
@@ -55,20 +55,10 @@ class TrainKnobs(_Strict):
             raise ValueError("must be 0 (keep every one) or at least 2")
         return v
 
-    @field_validator("lr", "momentum", "weight_decay", mode="before")
+    @field_validator("lr", "momentum", "weight_decay", "warmup_epochs", mode="before")
     @classmethod
     def _int_is_float(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-
-class RankTrain(TrainKnobs):
-    """``TrainKnobs`` as a rank spec carries them: the same names, defaults and bounds, and what the
-    workload has always taken besides: ``channels_last`` and ``hflip`` also as true/false (read as "on"
-    and "off"; agents/launcher.py maps job.toml's on/off to booleans), and a fractional
-    ``warmup_epochs`` (the schedule counts optimizer steps; job.toml takes whole epochs)."""
-
-    # TrainKnobs' default and bounds, any number between; a widening (every int is taken), hence the ignore
-    warmup_epochs: float = Field(0, ge=0, le=1000)  # type: ignore[assignment]
 
     @field_validator("channels_last", "hflip", mode="before")
     @classmethod
@@ -88,4 +78,4 @@ class RankSpec(_Strict):
     metrics_path: str
     resume_from: str | None = None
     stop_after_epochs: int | None = Field(None, ge=1)  # tests: stop (as if preempted) after this many
-    train: RankTrain = RankTrain()
+    train: TrainKnobs = TrainKnobs()

@@ -4,7 +4,7 @@ Three kinds of credential, each with its own prefix so a token can never be mist
 ``gsu_`` users (role ``user`` or ``admin``), ``gsa_`` agents (bound to one node name).  Only SHA-256
 hashes are stored; tokens are 32 random bytes, so a plain hash is enough and lookup is by hash.
 Agents prove themselves to each other with HMAC tickets made from the cluster's peer key, which the
-server hands to authenticated agents only.
+server hands to authenticated agents only (scheduler/protocol/tickets.py, shared with the agents).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from dataclasses import dataclass
 
 USER_PREFIX = "gsu_"
@@ -47,19 +46,3 @@ def hash_token(token: str) -> str:
 
 def same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
-
-
-def ticket(peer_key: str, *parts: object) -> str:
-    """An HMAC over ``parts``: what one agent shows another (or the CLI shows an agent) to be let in."""
-    msg = "\x1f".join(str(p) for p in parts).encode()
-    return hmac.new(peer_key.encode(), msg, hashlib.sha256).hexdigest()
-
-
-def ticket_headers(peer_key: str, *parts: object) -> dict[str, str]:
-    """The headers a data server checks (``X-Gsched-Ticket`` over ``parts`` and now, ``X-Gsched-Time``)."""
-    ts = int(time.time())
-    return {"X-Gsched-Ticket": ticket(peer_key, *parts, ts), "X-Gsched-Time": str(ts)}
-
-
-def check_ticket(peer_key: str, given: str, *parts: object) -> bool:
-    return bool(given) and hmac.compare_digest(ticket(peer_key, *parts), given)

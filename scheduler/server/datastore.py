@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
-from scheduler.server.auth import Identity, ticket
+from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
 

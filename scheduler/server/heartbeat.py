@@ -28,7 +28,17 @@ from sqlalchemy.orm import Session
 
 from scheduler.core import lifecycle as st
 from scheduler.core.errors import Forbidden
-from scheduler.server.api_models import Heartbeat
+from scheduler.protocol.messages import (
+    Assignment,
+    DeleteOrder,
+    Heartbeat,
+    HeartbeatReply,
+    Kill,
+    Peer,
+    Resume,
+    ShardSource,
+    TransferOrder,
+)
 from scheduler.server.auth import Identity
 from scheduler.server.service import finish_job, forget_cluster_limits, peer_key, record, requeue_job
 from scheduler.store.models import (
@@ -353,7 +363,7 @@ class _NodeBook:
 MIRROR_PEERS = 3
 
 
-def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
+def _peers(s: Session, node_name: str) -> list[Peer]:
     """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
     first (a checkpoint should survive its rack), then in an order stable per node but different for
     each, so mirrors spread over the cluster instead of all landing on one node."""
@@ -363,13 +373,17 @@ def _peers(s: Session, node_name: str) -> list[dict[str, str]]:
     def key(row: Any) -> tuple[bool, bytes]:
         return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
 
-    return [{"name": n, "address": a} for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
+    return [Peer(name=n, address=a) for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
 
 
 def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank]) -> dict[str, Any]:
-    """``here``: the node's ranks not final before this heartbeat (``_ranks``), states as updated since.
+    """The ``HeartbeatReply`` for this node, as its JSON body (``HeartbeatReply.wire``).
+
+    ``kill``: the ranks ``_ranks`` found to kill (the node's KILLING ranks are added, each once).
+    ``here``: the node's ranks not final before this heartbeat (``_ranks``), states as updated since.
     Under SQLite the transaction holds the write lock, so no rank is bound in the meantime; under
-    PostgreSQL a rank bound between the two reads goes out with the node's next heartbeat."""
+    PostgreSQL a rank bound between the two reads goes out with the node's next heartbeat.  Pending
+    transfers to this node are marked running, and its delete orders done, as they are sent."""
     assignments = []
     live = [r for r in here if r.state in LIVE_RANK]
     book = _NodeBook(s)
@@ -397,26 +411,27 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
         book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
                   | {n for ns in holders.values() for n in ns} | set(ckpt.nodes if ckpt else ()))
-        assignments.append({
-            "job_id": job.id, "attempt": job.attempt, "rank": r.rank, "local_rank": r.local_rank,
-            "world_size": len(ranks), "local_world_size": sum(1 for x in ranks if x.node == node_name),
-            "devices": r.devices,
-            "master_addr": book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
-            "master_port": job.master_port,
-            "train": job.spec.get("train", {}),
-            "num_classes": dataset.classes if dataset else 10,
-            "shards": [{"dataset": a.dataset, "index": a.shard, "sha256": shas.get(a.shard, ""),
-                        "bytes": a.bytes, "source": a.source, "source_address": book.address(a.source),
-                        "alternates": [book.address(n) for n in sorted(holders.get(a.shard, []))
-                                       if n != a.source and book.up(n)]}
-                       for a in reads],
-            "resume": ({"epoch": ckpt.epoch, "path": ckpt.path, "nodes": ckpt.nodes,
-                        "addresses": [book.address(n) for n in ckpt.nodes]} if ckpt else None),
-        })
+        assignments.append(Assignment(
+            job_id=job.id, attempt=job.attempt, rank=r.rank, local_rank=r.local_rank,
+            world_size=len(ranks), local_world_size=sum(1 for x in ranks if x.node == node_name),
+            devices=r.devices,
+            master_addr=book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
+            master_port=job.master_port,
+            train=job.spec.get("train", {}),  # as stored at submit: TrainKnobs values
+            num_classes=dataset.classes if dataset else 10,
+            shards=[ShardSource(dataset=a.dataset, index=a.shard, sha256=shas.get(a.shard, ""), bytes=a.bytes,
+                                source=a.source, source_address=book.address(a.source),
+                                alternates=[book.address(n) for n in sorted(holders.get(a.shard, []))
+                                            if n != a.source and book.up(n)])
+                    for a in reads],
+            resume=(Resume(epoch=ckpt.epoch, path=ckpt.path, nodes=ckpt.nodes,
+                           addresses=[book.address(n) for n in ckpt.nodes]) if ckpt else None),
+        ))
+    kills = [Kill.model_validate(k) for k in kill]
     for r in (x for x in here if x.state == st.R_KILLING):
-        item = {"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank}
-        if item not in kill:
-            kill.append(item)
+        item = Kill(job_id=r.job_id, attempt=r.attempt, rank=r.rank)
+        if item not in kills:
+            kills.append(item)
     transfers = []
     mine = list(s.scalars(select(Transfer).where(Transfer.dst == node_name,
                                                  Transfer.state.in_(("pending", "running", "delete")))
@@ -428,17 +443,17 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
         if sh is None:
             continue
         t.state = "running"
-        transfers.append({"id": t.id, "dataset": t.dataset, "shard": t.shard, "sha256": sh.sha256, "bytes": sh.bytes,
-                          "source": t.src, "source_address": book.address(t.src)})
+        transfers.append(TransferOrder(id=t.id, dataset=t.dataset, shard=t.shard, sha256=sh.sha256, bytes=sh.bytes,
+                                       source=t.src, source_address=book.address(t.src)))
     deletes = []
     for t in (x for x in mine if x.state == "delete"):
         t.state = "done"
-        deletes.append({"dataset": t.dataset, "shard": t.shard})
-    reply: dict[str, Any] = {"assignments": assignments, "kill": kill, "transfers": transfers, "delete": deletes,
-                             "peer_key": peer_key(s)}
-    if live:
-        reply["peers"] = _peers(s, node_name)  # only a node running ranks has checkpoints to mirror
-    return reply
+        deletes.append(DeleteOrder(dataset=t.dataset, shard=t.shard))
+    reply = HeartbeatReply(assignments=assignments, kill=kills, transfers=transfers, delete=deletes,
+                           peer_key=peer_key(s),
+                           # only a node running ranks has checkpoints to mirror
+                           peers=_peers(s, node_name) if live else None)
+    return reply.wire()
 
 
 def _close_staging(s: Session, now: float, job: Job) -> None:

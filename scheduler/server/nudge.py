@@ -9,13 +9,13 @@ assignments still come with the heartbeat reply, so a lost nudge only costs the 
 
 from __future__ import annotations
 
-import http.client
 import logging
 import threading
 
 from sqlalchemy import select
 
-from scheduler.server.auth import ticket_headers
+from scheduler.protocol.http import ServerError, send
+from scheduler.protocol.tickets import ticket_headers
 from scheduler.server.service import get_setting
 from scheduler.store.db import Database
 from scheduler.store.models import Node
@@ -42,14 +42,13 @@ def nudge_nodes(db: Database, nodes: list[str]) -> list[threading.Thread]:
 
 
 def _nudge(node: str, address: str, key: str) -> None:
+    """One ``POST /nudge`` to ``address`` (host:port), straight to it (no proxy), within ``TIMEOUT_S``;
+    a failure is logged at debug level and otherwise ignored."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         return
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=TIMEOUT_S)
     try:
-        conn.request("POST", "/nudge", headers={**ticket_headers(key, "nudge", node), "Content-Length": "0"})
-        conn.getresponse().read()
-    except OSError as e:
+        send(f"http://{address}/nudge", "POST", b"", ticket_headers(key, "nudge", node), timeout_s=TIMEOUT_S,
+             direct=True)
+    except (ServerError, OSError, ValueError) as e:  # ValueError: an address urllib cannot parse
         log.debug("nudge to %s (%s) failed: %s", node, address, e)
-    finally:
-        conn.close()

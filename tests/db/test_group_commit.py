@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Unprocessable
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.protocol.messages import Heartbeat
 from scheduler.server import service as svc
-from scheduler.server.api_models import Heartbeat
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle

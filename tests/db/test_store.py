@@ -15,8 +15,8 @@ from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Forbidden
 from scheduler.core.placement import Candidate
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.protocol.messages import Heartbeat, MetricIn
 from scheduler.server import service as svc
-from scheduler.server.api_models import Heartbeat, MetricIn
 from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle

@@ -23,6 +23,7 @@ from agents.dataserver import DataServer
 from agents.launcher import RankRunner
 from agents.shardfile import MAGIC
 from agents.staging import ShardFlights
+from scheduler.protocol.messages import Assignment
 
 KEY = "k" * 64
 GOOD = MAGIC + b"the real shard bytes" * 100
@@ -76,9 +77,10 @@ def peers(tmp_path: Path) -> Iterator[dict[str, Any]]:
 def runner(tmp_path: Path, source: str, alternates: list[str], agent: StandInAgent | None = None,
            job_id: int = 7) -> tuple[RankRunner, StandInAgent]:
     agent = agent or StandInAgent(tmp_path / "node")
-    assignment = {"job_id": job_id, "attempt": 1, "rank": 0, "shards": [
-        {"dataset": "tiny", "index": 0, "sha256": SHA, "bytes": len(GOOD), "source": "x",
-         "source_address": source, "alternates": alternates}]}
+    assignment = Assignment.model_validate({
+        "job_id": job_id, "attempt": 1, "rank": 0, "local_rank": 0, "world_size": 1, "local_world_size": 1,
+        "devices": [0], "shards": [{"dataset": "tiny", "index": 0, "sha256": SHA, "bytes": len(GOOD), "source": "x",
+                                    "source_address": source, "alternates": alternates}]})
     return RankRunner(agent, assignment), agent
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from agents.dataserver import TICKET_SKEW_S, TICKET_TTL_S, DataServer
 from agents.shardfile import MAGIC
-from scheduler.server.auth import ticket
+from scheduler.protocol.tickets import ticket
 
 KEY = "k" * 64
 SECRET = b"GSHARD1\nTOP SECRET outside the data dir"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli.localcluster import free_port
-from scheduler.protocol.http import ApiError, Client
+from scheduler.protocol.http import Client, ServerError
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
@@ -65,7 +65,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
                 try:
                     client.get("/v1/health")
                     break
-                except ApiError:
+                except ServerError:
                     assert time.monotonic() < deadline, logs.read_text()
                     time.sleep(0.3)
             procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "agent", "--node", "n1", "--gpus", "1",

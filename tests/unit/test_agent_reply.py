@@ -14,6 +14,7 @@ from typing import Any
 
 from agents.agent import Agent
 from agents.launcher import RankRunner
+from scheduler.protocol.messages import Assignment
 
 
 def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_forgotten(tmp_path: Path) -> None:
@@ -25,7 +26,8 @@ def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_for
         return {"assignments": [], "kill": [], "transfers": [], "delete": [], "peer_key": "k" * 64}
 
     agent._post = server  # type: ignore[method-assign]
-    runner = RankRunner(agent, {"job_id": 4, "attempt": 1, "rank": 0, "shards": []})
+    runner = RankRunner(agent, Assignment(job_id=4, attempt=1, rank=0, local_rank=0, world_size=1, local_world_size=1,
+                                          devices=[0], shards=[]))
     agent.ranks[runner.key] = runner
     runner._state, runner.exit_code = "EXITED", 0
     runner.log_path.write_text("epoch 3/3: loss 0.1\n")  # the rank's last words, not yet sent

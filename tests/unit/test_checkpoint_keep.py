@@ -16,7 +16,7 @@ import pytest
 from agents.dataserver import DataServer, checkpoint_dir
 from agents.shardfile import prune_checkpoints
 from scheduler.core.jobspec import JobSpecError, validate_spec
-from scheduler.server.auth import ticket
+from scheduler.protocol.tickets import ticket
 
 KEY = "k" * 64
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from agents.workloads.resnet_ddp.spec import SpecError
-from scheduler.protocol.rankspec import RankTrain
+from scheduler.protocol.rankspec import TrainKnobs
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Runtime:
         return contextlib.nullcontext()
 
 
-def resolve_runtime(cfg: RankTrain, local_rank: int) -> Runtime:
+def resolve_runtime(cfg: TrainKnobs, local_rank: int) -> Runtime:
     """Pick device, precision, memory format and loader workers from the config and the machine; raises
     SpecError when ``device`` is "cuda" and none is visible."""
     cuda_ok = torch.cuda.is_available()

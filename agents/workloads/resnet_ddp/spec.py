@@ -16,9 +16,8 @@ Rank spec (JSON; unknown keys are refused)::
 
 ``train`` is the job's ``[train]`` table: every knob, its values and its default are defined once, in
 ``scheduler.protocol.rankspec.TrainKnobs`` (docs/job-toml.md lists them), and the server sends a job's
-whole table.  A rank spec differs in three ways only (``RankTrain``): ``epochs``, ``batch_size`` and
-``lr`` must be named (a rank is not trained on figures nobody wrote down); ``channels_last`` and
-``hflip`` take true/false as well as "auto"/"on"/"off"; ``warmup_epochs`` may be fractional.
+whole table.  A rank spec differs in one way only: ``epochs``, ``batch_size`` and ``lr`` must be
+named (a rank is not trained on figures nobody wrote down).
 
 :func:`parse_spec` validates a parsed spec and raises :class:`SpecError`, whose message names each bad
 field, for anything that cannot run.  ``SpecError`` is also what the other modules raise for a spec that
@@ -31,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler.protocol.rankspec import RankSpec, RankTrain
+from scheduler.protocol.rankspec import RankSpec, TrainKnobs
 
 NAMED = ("epochs", "batch_size", "lr")  # train knobs a rank spec must name
 
@@ -78,7 +77,7 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for where, names in unknown.items():
         if where == "train":
-            known = ", ".join(sorted(RankTrain.model_fields))
+            known = ", ".join(sorted(TrainKnobs.model_fields))
             parts.append(f"unknown train field(s): {', '.join(sorted(names))}; known: {known}")
         else:
             parts.append(f"unknown rank spec field(s): {', '.join(sorted(names))}")

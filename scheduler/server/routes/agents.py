@@ -14,8 +14,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from scheduler.core.errors import Forbidden
+from scheduler.protocol.messages import Heartbeat
 from scheduler.server import service as svc
-from scheduler.server.api_models import AgentTokenIn, Heartbeat
+from scheduler.server.api_models import AgentTokenIn
 from scheduler.server.heartbeat import process_heartbeat
 from scheduler.server.routes.base import (
     ADMIN,
