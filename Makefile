@@ -25,6 +25,7 @@ test: $(STAMP) lint
 lint: $(STAMP)
 	$(BIN)/ruff check scheduler agents policies tests benchmarks
 	$(BIN)/mypy scheduler policies agents
+	$(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
