@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -119,32 +118,51 @@ class RankFacts(Protocol):
     def log_tail(self) -> str: ...
 
 
-@dataclass(frozen=True)
-class SetFields:
+class _Value:
+    """A small value: equal to another of its own class with equal slots.  (Not a dataclass: the
+    CLI imports this module at start, and dataclasses would bring inspect and ast with it.)"""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+
+class SetFields(_Value):
     """Set these columns of the job (``state`` and ``reason`` among them for every move)."""
 
-    fields: dict[str, Any]
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
 
 
-@dataclass(frozen=True)
-class StopRanks:
+class StopRanks(_Value):
     """Mark every live rank of the job KILLING: its agent is told to kill it and reports it KILLED,
     and its devices are free from then on."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True)
-class Record:
+
+class Record(_Value):
     """Add an event about the job to the audit log."""
 
-    kind: str
-    message: str = ""
-    actor: str = "server"
+    __slots__ = ("kind", "message", "actor")
+
+    def __init__(self, kind: str, message: str = "", actor: str = "server") -> None:
+        self.kind, self.message, self.actor = kind, message, actor
 
 
-@dataclass(frozen=True)
-class CloseStaging:
+class CloseStaging(_Value):
     """Every rank runs, so the job's staged shards have arrived: mark its staging transfers done and
     count their bytes on each destination node."""
+
+    __slots__ = ()
 
 
 Effect = SetFields | StopRanks | Record | CloseStaging
@@ -290,14 +308,14 @@ def transition(job: _HasState, new: str, reason: str = "") -> None:
 # ---------------------------------------------------------------- a job's state from its ranks
 
 
-@dataclass(frozen=True)
-class Move:
+class Move(_Value):
     """A move ``derive`` calls for: ``plan(job, to, reason, now, **context)`` (a move ``to`` PENDING is
     a retry: the caller adds the requeue's ``max_restarts`` and ``earlier``)."""
 
-    to: JobState
-    reason: str
-    context: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("to", "reason", "context")
+
+    def __init__(self, to: JobState, reason: str, context: dict[str, Any] | None = None) -> None:
+        self.to, self.reason, self.context = to, reason, dict(context or {})
 
 
 def exit_words(r: RankFacts) -> str:
