@@ -29,10 +29,13 @@ from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
 from scheduler.protocol.http import ServerError, Servers, send
 from scheduler.protocol.messages import HeartbeatReply, TransferOrder
+from scheduler.protocol.states import RANK_FINAL, TransferState
 from scheduler.protocol.tickets import ticket_headers
 
 log = logging.getLogger("gsched.agent")
 FULL_INVENTORY_EVERY_S = 10.0
+_ENDED = (TransferState.DONE, TransferState.FAILED)  # a copy's result, reported once
+_REPORTED = (*_ENDED, TransferState.RUNNING)
 
 
 class ServerUnavailable(RuntimeError):
@@ -223,15 +226,15 @@ class Agent:
         body["logs"] = self.pending_logs[:512]
         body["metrics"] = self.pending_metrics[:512]
         body["transfers"] = [{"id": t, **{k: v for k, v in st.items() if k in ("state", "bytes", "reason")}}
-                             for t, st in self.transfers.items() if st["state"] in ("done", "failed", "running")]
+                             for t, st in self.transfers.items() if st["state"] in _REPORTED]
         reply = HeartbeatReply.model_validate(self._post("/v1/agent/heartbeat", body))
         del self.pending_logs[: len(body["logs"])]
         del self.pending_metrics[: len(body["metrics"])]
         for t in body["transfers"]:
-            if t["state"] in ("done", "failed"):
+            if t["state"] in _ENDED:
                 self.transfers.pop(t["id"], None)
         self.apply(reply, ended={r.key for r, said in zip(runners, body["ranks"], strict=True)
-                                 if said["state"] in ("EXITED", "KILLED")})
+                                 if said["state"] in RANK_FINAL})
         return reply
 
     def apply(self, reply: HeartbeatReply, ended: set[tuple[int, int, int]]) -> None:
@@ -269,7 +272,7 @@ class Agent:
                 self.ranks.pop(key, None)
         for t in reply.transfers:
             if t.id not in self.transfers:
-                self.transfers[t.id] = {"state": "running", "bytes": 0, "reason": ""}
+                self.transfers[t.id] = {"state": TransferState.RUNNING, "bytes": 0, "reason": ""}
                 threading.Thread(target=self._replicate, args=(t,), daemon=True).start()
         for d in reply.delete:
             try:
@@ -285,10 +288,10 @@ class Agent:
             n = fetch(t.source_address, f"shards/{t.dataset}/{t.shard}", ("get", t.dataset, t.shard), path, t.sha256,
                       self.peer_key or "")
             self.note_shard(t.dataset, t.shard, path, t.sha256)
-            status.update(state="done", bytes=n)
+            status.update(state=TransferState.DONE, bytes=n)
             log.info("replica %s/%s copied from %s (%d bytes)", t.dataset, t.shard, t.source, n)
         except (StagingError, ValueError) as e:
-            status.update(state="failed", reason=str(e)[:2000])
+            status.update(state=TransferState.FAILED, reason=str(e)[:2000])
             log.warning("replica copy %s/%s failed: %s", t.dataset, t.shard, e)
         self._wake.set()
 

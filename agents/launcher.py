@@ -25,6 +25,7 @@ from agents.shardfile import background_priority, shard_path
 from agents.staging import StagingError, fetch
 from scheduler.protocol.messages import Assignment, ShardSource
 from scheduler.protocol.rankspec import RankSpec
+from scheduler.protocol.states import RANK_FINAL, RankState
 
 log = logging.getLogger("gsched.agent.rank")
 KILL_GRACE_S = 10.0
@@ -40,7 +41,7 @@ class RankRunner(threading.Thread):
         self.agent = agent
         self.a = assignment
         self.key = assignment.key
-        self._state = "STAGING"
+        self._state = RankState.STAGING
         self.exit_code: int | None = None
         self.error = ""
         self.failure = ""  # "rendezvous": the node's fault, not the job's (agents/rankfail.py)
@@ -63,11 +64,11 @@ class RankRunner(threading.Thread):
         self._mirroring: threading.Thread | None = None
 
     @property
-    def state(self) -> str:
+    def state(self) -> RankState:
         return self._state
 
     @state.setter
-    def state(self, value: str) -> None:
+    def state(self, value: RankState) -> None:
         """A new state is reported at once (the agent heartbeats now), not at the next tick: the server
         learns that ranks run, or that devices are free, without waiting ``heartbeat_s``."""
         changed = value != self._state
@@ -109,10 +110,10 @@ class RankRunner(threading.Thread):
 
     def report(self) -> dict[str, Any]:
         state = self.state
-        if self._killed.is_set() and state in ("EXITED", "KILLED"):
-            state = "KILLED"
-        elif state == "EXITED" and not self.drained():
-            state = "RUNNING"  # its last metrics and logs go out first, then its exit
+        if self._killed.is_set() and state in RANK_FINAL:
+            state = RankState.KILLED
+        elif state == RankState.EXITED and not self.drained():
+            state = RankState.RUNNING  # its last metrics and logs go out first, then its exit
         return {"job_id": self.key[0], "attempt": self.key[1], "rank": self.key[2], "state": state,
                 "exit_code": self.exit_code, "log_tail": self.log_tail(), "staged_bytes": self.staged,
                 "staging_total": self.staging_total, "staging_rate_bps": self.rate, "staging_s": self.staging_s,
@@ -182,30 +183,30 @@ class RankRunner(threading.Thread):
         try:
             paths = self._stage()
             if self._killed.is_set():
-                self.state = "KILLED"
+                self.state = RankState.KILLED
                 return
             resume = self._stage_checkpoint()
-            self.state = "READY"
+            self.state = RankState.READY
             port = self._rendezvous()
             if port is None:
-                self.state = "KILLED"
+                self.state = RankState.KILLED
                 return
             self._launch(paths, resume, port)
         except RendezvousError as e:
             self.error, self.failure = str(e), RENDEZVOUS
             log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
             self.exit_code = 3
-            self.state = "EXITED"
+            self.state = RankState.EXITED
         except StagingError as e:
             self.error = f"staging failed: {e}"
             log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
             self.exit_code = 3
-            self.state = "EXITED"
+            self.state = RankState.EXITED
         except Exception as e:  # noqa: BLE001 - report every failure to the server, never die silently
             log.exception("rank %s failed", self.key)
             self.error = f"agent error: {e}"
             self.exit_code = 4
-            self.state = "EXITED"
+            self.state = RankState.EXITED
         finally:
             if self.master_port is not None:  # rank 0's store is gone with it: the port can go to another job
                 self.agent.ports.release(self.master_port)
@@ -338,14 +339,14 @@ class RankRunner(threading.Thread):
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
         if self._killed.is_set():
-            self.state = "KILLED"
+            self.state = RankState.KILLED
             return
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen([sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(spec_path)],
                                          stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=str(self.run_dir),
                                          start_new_session=True)
         self.agent.remember_pid(self.proc.pid)
-        self.state = "RUNNING"
+        self.state = RankState.RUNNING
         log.info("job %s rank %s started (pid %s, devices %s)", a.job_id, a.rank, self.proc.pid, a.devices)
         code = self.proc.wait()
         self.agent.forget_pid(self.proc.pid)
@@ -356,7 +357,7 @@ class RankRunner(threading.Thread):
             if sign:
                 self.error, self.failure = f"rendezvous failed on port {port}: {sign}", RENDEZVOUS
         self.exit_code = code
-        self.state = "KILLED" if self._killed.is_set() else "EXITED"
+        self.state = RankState.KILLED if self._killed.is_set() else RankState.EXITED
         log.info("job %s rank %s exited with %s", a.job_id, a.rank, code)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.shardfile import shard_path
+from scheduler.core.lifecycle import ReplicaState
 from scheduler.protocol.http import Client, ServerError, send
 
 
@@ -51,7 +52,7 @@ def make_dataset(c: Client, args: argparse.Namespace) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         ds = next((d for d in c.get("/v1/datasets") if d["name"] == args.name), None)
-        if ds and all(any(r["state"] == "healthy" for r in sh["replicas"]) for sh in ds["shards"]):
+        if ds and all(any(r["state"] == ReplicaState.HEALTHY for r in sh["replicas"]) for sh in ds["shards"]):
             healthy = ds["replicas_healthy_min"]
             print(f"data set {args.name}: {len(ds['shards'])} shards, {ds['samples']} samples, "
                   f"{ds['bytes'] / 1e6:.1f} MB, {healthy}/{ds['replicas_required']} healthy replicas per shard")

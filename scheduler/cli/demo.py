@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.cli.localcluster import LocalCluster, NodeSpec
-
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
+from scheduler.core.lifecycle import FINAL, JobState
 
 JOB = """name = "{name}"
 [resources]
@@ -93,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         ok = True
         for job_id, user in jobs.items():
             doc = cluster.job(job_id)
-            ok &= doc["state"] == "COMPLETED"
+            ok &= doc["state"] == JobState.COMPLETED
             console.print(f"[bold]job {job_id}[/bold] ({user}) {doc['state']} on {', '.join(doc['nodes'])}: "
                           f"local reads {100 * doc['local_fraction']:.0f}%, {doc['transfer_bytes']} bytes staged, "
                           f"{len(doc['checkpoints'])} checkpoints")
@@ -101,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
                 acc = m.get("accuracy")
                 console.print(f"   epoch {m['epoch']}: loss {m['loss']:.4f}  accuracy "
                               f"{'-' if acc is None else f'{100 * acc:.1f}%'}  {m.get('images_per_s', 0):.0f} images/s")
-            if doc["state"] != "COMPLETED":
+            if doc["state"] != JobState.COMPLETED:
                 console.print(f"   reason: {doc['reason']}")
         console.print(cluster.cli("share").stdout)
         console.print(f"demo finished in {time.monotonic() - t0:.0f}s; logs under {root}")

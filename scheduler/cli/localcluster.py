@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scheduler.core.lifecycle import NodeState
 from scheduler.protocol.http import Client
 
 
@@ -137,7 +138,7 @@ class LocalCluster:
             self.start_server(index=i)
         for name in self.nodes:
             self.start_agent(name)
-        self.wait_for(lambda: len([n for n in self.admin().get("/v1/nodes") if n["state"] == "up"]) == len(self.nodes),
+        self.wait_for(lambda: len([n for n in self.admin().get("/v1/nodes") if n["state"] == NodeState.UP]) == len(self.nodes),
                       60, "every agent to report")
         return self
 

@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+from scheduler.core.lifecycle import FINAL
 from scheduler.protocol.http import Client, ServerError
 
 VERBS = {
@@ -367,9 +368,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
             if args.all or args.state:
                 return view
             recent = view["time"] - RECENT_S
-            done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
             return {**view, "jobs": [j for j in view["jobs"]
-                                     if j["state"] not in done or (j.get("ended_at") or 0) >= recent]}
+                                     if j["state"] not in FINAL or (j.get("ended_at") or 0) >= recent]}
 
         return watch(c, select, args.interval, include_done=True, note=_filter_note(args, me))
     view = _filter(c.get("/v1/jobs", all="true" if args.all or args.state else None), args, me)
@@ -424,7 +424,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         sys.stdout.flush()
         after = out["next"]
-        if not args.follow or (out["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and not out["chunks"]):
+        if not args.follow or (out["state"] in FINAL and not out["chunks"]):
             return 0
         if not out["chunks"]:
             time.sleep(1.0)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-ACTIVE = ("BOUND", "STAGING", "RUNNING")
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+from scheduler.core.lifecycle import ACTIVE, JobState
 
 
 def human_bytes(n: float | None) -> str:
@@ -40,7 +39,7 @@ def human_s(seconds: float | None) -> str:
 
 def elapsed_s(job: dict[str, Any], now: float) -> float:
     """Waited so far (PENDING), run so far (BOUND..RUNNING), or run in total (finished)."""
-    if job["state"] == "PENDING":
+    if job["state"] == JobState.PENDING:
         return max(0.0, now - (job.get("pending_since") or job["submitted_at"]))
     start = job.get("started_at") or job.get("pending_since") or job["submitted_at"]
     if job["state"] in ACTIVE:
@@ -67,7 +66,7 @@ def eta_s(job: dict[str, Any], now: float) -> float | None:
     """
     total = job.get("epochs") or 0
     done = epochs_progress(job)
-    if job["state"] != "RUNNING" or done <= 0 or not job.get("started_at") or not total:
+    if job["state"] != JobState.RUNNING or done <= 0 or not job.get("started_at") or not total:
         return None
     per_epoch = max(0.0, now - job["started_at"]) / done
     return per_epoch * max(0.0, total - done)
@@ -83,7 +82,7 @@ def plain_reason(job: dict[str, Any], now: float) -> str:
     STAGING: bytes staged so far; finished: why it ended (first line).
     """
     state = job["state"]
-    if state == "STAGING":
+    if state == JobState.STAGING:
         stage = (job.get("progress") or {}).get("staging") or {}
         got = sum(v.get("bytes", 0) or 0 for v in stage.values())
         total = sum(v.get("total", 0) or 0 for v in stage.values())
@@ -94,16 +93,16 @@ def plain_reason(job: dict[str, Any], now: float) -> str:
         if rate > 0 and got < total:
             text += f", {human_bytes(rate)}/s, {human_s((total - got) / rate)} left"
         return text
-    if state in ("RUNNING", "BOUND"):
+    if state in (JobState.RUNNING, JobState.BOUND):
         restarts = job.get("restarts") or 0
         return f"restarted {restarts}x" if restarts else ""
-    if state == "COMPLETED":
+    if state == JobState.COMPLETED:
         return ""
     reason = (job.get("reason") or "").strip().splitlines()
     if not reason:
         return ""
     text = reason[0]
-    if state == "PENDING" and text == "submitted":
+    if state == JobState.PENDING and text == "submitted":
         return "submitted; waiting for the next cycle"
 
     def relative(m: re.Match[str]) -> str:

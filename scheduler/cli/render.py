@@ -20,13 +20,18 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler.cli.queuefacts import elapsed_s, epochs_progress, eta_s, human_bytes, human_s, plain_reason
+from scheduler.core.lifecycle import ACTIVE, JobState, NodeState, RankState
 
 __all__ = ["QueueView", "explain", "human_bytes", "human_s", "job_detail", "jobs_table", "nodes_table",
            "print_queue", "queue_renderable", "share_table"]
 
-STATE_STYLE = {"PENDING": "yellow", "BOUND": "cyan", "STAGING": "cyan", "RUNNING": "green", "COMPLETED": "bold green",
-               "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "up": "green", "down": "red",
-               "EXITED": "green", "KILLED": "magenta", "ASSIGNED": "cyan"}
+_J = JobState
+# Job, node and rank states; a rank's STAGING and RUNNING share the job's (equal strings, one key).
+STATE_STYLE: dict[str, str] = {
+    _J.PENDING: "yellow", _J.BOUND: "cyan", _J.STAGING: "cyan", _J.RUNNING: "green", _J.COMPLETED: "bold green",
+    _J.FAILED: "bold red", _J.CANCELLED: "magenta", _J.TIMEOUT: "red", NodeState.UP: "green", NodeState.DOWN: "red",
+    RankState.EXITED: "green", RankState.KILLED: "magenta", RankState.ASSIGNED: "cyan"}
+_ENDED_BADLY = (_J.FAILED, _J.TIMEOUT)
 
 # Columns of the jobs table, in the order they are dropped when the terminal is too narrow (first
 # dropped first).  ID, NAME, STATE, TIME and REASON always stay.  Below WIDE columns, EPOCH and ETA
@@ -66,13 +71,13 @@ def _nodes_cell(nodes: list[str], width: int) -> str:
 # ------------------------------------------------------------------ the queue
 
 
-SHORT_STATE = {"COMPLETED": "DONE", "CANCELLED": "CANCEL"}  # narrow terminals: every state fits 7 columns
+SHORT_STATE: dict[str, str] = {_J.COMPLETED: "DONE", _J.CANCELLED: "CANCEL"}  # narrow terminals: every state fits 7 columns
 
 
 def _job_cells(j: dict[str, Any], now: float, narrow: bool, factors: dict[str, float] | None = None) -> dict[str, str]:
     epochs = j.get("epochs") or 0
     eta = eta_s(j, now)
-    placed = j["state"] != "PENDING" and bool(j.get("nodes"))  # a requeued job's old nodes are history
+    placed = j["state"] != _J.PENDING and bool(j.get("nodes"))  # a requeued job's old nodes are history
     cells = {
         "ID": str(j["id"]),
         "USER": j["user"],
@@ -88,7 +93,7 @@ def _job_cells(j: dict[str, Any], now: float, narrow: bool, factors: dict[str, f
         "ETA": human_s(eta) if eta is not None else "-",
         "REASON": plain_reason(j, now),
     }
-    if narrow and j["state"] == "RUNNING":  # no EPOCH/ETA columns: say it in the note
+    if narrow and j["state"] == _J.RUNNING:  # no EPOCH/ETA columns: say it in the note
         progress = f"epoch {cells['EPOCH']}" + (f", ETA {cells['ETA']}" if eta is not None else "")
         cells["REASON"] = f"{progress}; {cells['REASON']}" if cells["REASON"] else progress
     return cells
@@ -161,7 +166,7 @@ def jobs_table(view: dict[str, Any], width: int = 150, now: float | None = None)
         for c in cols:
             if c == "STATE":
                 cells.append(Text(r[c], style=_style(j["state"])))
-            elif c == "REASON" and j["state"] in ("FAILED", "TIMEOUT"):
+            elif c == "REASON" and j["state"] in _ENDED_BADLY:
                 cells.append(Text(r[c], style="red"))
             else:
                 cells.append(r[c])
@@ -198,7 +203,7 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
     rows = []
     for n in nodes:
         total = int(n.get("devices") or 0)
-        up = n["state"] == "up"
+        up = n["state"] == NodeState.UP
         busy = total - int(n.get("devices_free") or 0) if up else 0
         kind = n.get("device_kind") or ""
         rows.append({"NODE": n["name"], "RACK": n.get("rack", ""), "STATE": n["state"],
@@ -208,8 +213,9 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
                      "_bar": _bar(busy, total, ascii_only), "_up": up})
     if not rows:
         rows.append({**dict.fromkeys(NODE_HEADERS, ""), "NODE": "(no nodes)", "_bar": "", "_up": False})
-    busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes if n["state"] == "up")
-    total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == "up")
+    busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes
+                   if n["state"] == NodeState.UP)
+    total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == NodeState.UP)
     cols, widths = fit_columns(NODE_HEADERS, rows, width, NODE_DROP_ORDER)
     t = _fitted_table(f"nodes ({busy_all}/{total_all} devices busy)", NODE_HEADERS, cols, widths,
                       {"SHARDS": "right", "STAGED": "right", "SEEN": "right"})
@@ -233,8 +239,8 @@ def queue_summary(view: dict[str, Any], note: str = "", narrow: bool = False) ->
     counts: dict[str, int] = defaultdict(int)
     for j in view.get("jobs", []):
         counts[j["state"]] += 1
-    parts = [f"{counts[s]} {s.lower()}" for s in ("RUNNING", "STAGING", "BOUND", "PENDING", "COMPLETED", "FAILED",
-                                                 "CANCELLED", "TIMEOUT") if counts[s]]
+    parts = [f"{counts[s]} {s.lower()}" for s in (_J.RUNNING, _J.STAGING, _J.BOUND, _J.PENDING, _J.COMPLETED,
+                                                 _J.FAILED, _J.CANCELLED, _J.TIMEOUT) if counts[s]]
     text = Text.assemble(("" if narrow else "gsched queue  ", "bold"), (time.strftime("%H:%M:%S", time.localtime(now)), "bold"),
                          "  ",
                          f"{len(view.get('jobs', []))} jobs" + (": " + ", ".join(parts) if parts else ""))
@@ -344,7 +350,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
     timing = f"submitted {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['submitted_at']))}"
     if doc.get("started_at"):
         timing += f", started after {human_s(doc['started_at'] - doc['submitted_at'])} in the queue"
-    label = "waiting" if state == "PENDING" else "running" if state in ("BOUND", "STAGING", "RUNNING") else "ran"
+    label = "waiting" if state == _J.PENDING else "running" if state in ACTIVE else "ran"
     timing += f"; {label} {human_s(elapsed_s(summary, now))}"
     rows.append(("time", timing))
     epochs = doc.get("epochs") or 0
@@ -353,9 +359,9 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
         rows.append(("epochs", f"{doc.get('epochs_done', 0)}/{epochs} done" + (f", ETA {human_s(eta)}" if eta else "")))
     if doc.get("attempt", 1) > 1 or doc.get("restarts"):
         rows.append(("restarts", f"{doc.get('restarts', 0)} (attempt {doc.get('attempt')})"))
-    reason = plain_reason(summary, now) if state not in ("RUNNING", "BOUND") else ""  # restarts have a row
+    reason = plain_reason(summary, now) if state not in (_J.RUNNING, _J.BOUND) else ""  # restarts have a row
     if reason:
-        rows.append(("reason", Text(reason, style="red" if state in ("FAILED", "TIMEOUT") else "")))
+        rows.append(("reason", Text(reason, style="red" if state in _ENDED_BADLY else "")))
     if doc.get("nodes"):
         rows.append(("placement", f"{', '.join(doc['nodes'])}; {100 * (doc.get('local_fraction') or 0):.0f}% of "
                                   f"bytes read locally, {human_bytes(doc.get('transfer_bytes'))} to stage "
@@ -376,7 +382,7 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
     if doc.get("shards"):
         c.print(Text(""), shard_map(doc))
     stage = (doc.get("progress") or {}).get("staging")
-    if stage and state == "STAGING":
+    if stage and state == _J.STAGING:
         t = _table("staging", ["RANK", "PROGRESS", "BYTES", "RATE", "ETA"], right=("BYTES", "RATE", "ETA"))
         for rank, p in sorted(stage.items(), key=lambda kv: int(kv[0])):
             total, got, rate = p.get("total") or 0, p.get("bytes") or 0, p.get("rate_bps") or 0
@@ -416,12 +422,12 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
                       ", ".join(str(r["exit_code"]) for r in rs if r["exit_code"] is not None) or "-")
         c.print(Text(""), t)
     ex = doc.get("explain") or {}
-    if ex and state == "PENDING":
+    if ex and state == _J.PENDING:
         c.print(Text.assemble(("explain", "bold"), f"  queue position {ex.get('queue_position') or '-'} of "
                               f"{ex.get('queue_length') or '-'}, fair-share factor {ex.get('factor') or 0:.3f}; "
                               f"{len(ex.get('candidates') or [])} candidate placements (gsched explain {doc['id']})"))
     failed = [r for r in doc.get("ranks") or [] if isinstance(r, dict) and r.get("exit_code") not in (0, None)]
-    if failed and state in ("FAILED", "TIMEOUT") and failed[0].get("log_tail"):
+    if failed and state in _ENDED_BADLY and failed[0].get("log_tail"):
         tail = failed[0]["log_tail"].rstrip().splitlines()[-10:]
         c.print(Text(f"rank {failed[0]['rank']} log (last lines)", style="bold"))
         c.print(Text("\n".join("  " + line for line in tail), style="dim"))
@@ -439,8 +445,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
     c.print(Text.assemble((f"job {doc['job']}", "bold"), f" ({doc['user']}) is ", (doc["state"], _style(doc["state"])),
                           f"; fair-share factor {doc['factor']:.3f}, queue position "
                           f"{doc.get('queue_position') or '-'} of {doc.get('queue_length') or '-'}"))
-    if doc["state"] == "PENDING":
-        why = plain_reason({"state": "PENDING", "reason": doc.get("pending_reason") or doc.get("reason")}, now)
+    if doc["state"] == _J.PENDING:
+        why = plain_reason({"state": _J.PENDING, "reason": doc.get("pending_reason") or doc.get("reason")}, now)
         c.print(f"why pending: {why}")
     else:
         c.print(f"placed with {100 * (doc.get('local_fraction') or 0):.0f}% local reads, "
@@ -458,6 +464,6 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
             t.add_row(str(i), per_node or ",".join(cand["nodes"]), f"{100 * cand['local_fraction']:.0f}%",
                       human_bytes(cand["transfer_bytes"]), f"{cand['transfer_cost_ms']} ms",
                       "yes" if cand["chosen"] else "",
-                      "" if cand["chosen"] else plain_reason({"state": "PENDING", "reason": cand.get("reason", "")},
+                      "" if cand["chosen"] else plain_reason({"state": _J.PENDING, "reason": cand.get("reason", "")},
                                                               now))
         c.print(Text(""), t)

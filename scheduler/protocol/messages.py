@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scheduler.protocol.rankspec import TrainKnobs
+from scheduler.protocol.states import REPORTED_RANK, REPORTED_TRANSFER, RankState, TransferState
 
 NODE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -61,7 +62,7 @@ class RankIn(_In):
     job_id: int = Field(ge=1, le=MAX_ID)
     attempt: int = Field(ge=0, le=MAX_ID)
     rank: int = Field(ge=0, le=4096)
-    state: Literal["STAGING", "READY", "RUNNING", "EXITED", "KILLED"]
+    state: RankState  # one of REPORTED_RANK (the others are the server's to set)
     exit_code: int | None = Field(None, ge=-255, le=255)
     log_tail: str = Field("", max_length=8192)
     staged_bytes: int = Field(0, ge=0, le=MAX_BYTES)
@@ -73,6 +74,11 @@ class RankIn(_In):
     # "rendezvous": the rank ended on an infrastructure failure (no port, port taken, peers never
     # joined): the job is requeued rather than failed (agents/rankfail.py).
     failure: Literal["", "rendezvous"] = ""
+
+    @field_validator("state")
+    @classmethod
+    def _state_is_reported(cls, v: str) -> str:
+        return _reported(v, REPORTED_RANK, "rank's state")
 
 
 class LogIn(_In):
@@ -109,11 +115,22 @@ class _LineFields(BaseModel):
     mirrors: list[str] | None = Field(None, max_length=16)
 
 
+def _reported(value: str, allowed: frozenset[str], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"an agent reports a {what} as one of {', '.join(sorted(allowed))}, not {value}")
+    return value
+
+
 class TransferIn(_In):
     id: int = Field(ge=1, le=MAX_ID)
-    state: Literal["running", "done", "failed"]
+    state: TransferState  # one of REPORTED_TRANSFER
     bytes: int = Field(0, ge=0, le=MAX_BYTES)
     reason: str = Field("", max_length=2048)
+
+    @field_validator("state")
+    @classmethod
+    def _state_is_reported(cls, v: str) -> str:
+        return _reported(v, REPORTED_TRANSFER, "copy's state")
 
 
 class Heartbeat(_In):

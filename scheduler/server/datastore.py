@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
+from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
 from scheduler.core.replicas import place_replicas, reported_room
 from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
@@ -27,7 +28,7 @@ from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
 def _node_bytes(s: Session) -> dict[str, int]:
     sizes = {(sh.dataset, sh.index): sh.bytes for sh in s.scalars(select(Shard))}
     out: dict[str, int] = defaultdict(int)
-    for r in s.scalars(select(Replica).where(Replica.state.in_(("healthy", "staging")))):
+    for r in s.scalars(select(Replica).where(Replica.state.in_((ReplicaState.HEALTHY, ReplicaState.STAGING)))):
         out[r.node] += sizes.get((r.dataset, r.shard), 0)
     return out
 
@@ -39,7 +40,7 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     indexes = [sh.index for sh in body.shards]
     if sorted(indexes) != list(range(len(indexes))):
         raise Unprocessable("shards: indexes must be 0..N-1, each once", "shards")
-    up_nodes = list(s.scalars(select(Node).where(Node.state == "up").order_by(Node.name)))
+    up_nodes = list(s.scalars(select(Node).where(Node.state == NodeState.UP).order_by(Node.name)))
     up = [(n.name, n.rack) for n in up_nodes]
     if not up:
         raise Conflict("no node is up: start agents first (gsched agent ...)")
@@ -55,7 +56,7 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     uploads = []
     for index, nodes in sorted(plan.items()):
         for node in nodes:
-            s.add(Replica(dataset=body.name, shard=index, node=node, state="staging", updated_at=now))
+            s.add(Replica(dataset=body.name, shard=index, node=node, state=ReplicaState.STAGING, updated_at=now))
             uploads.append({"shard": index, "node": node, "address": addresses[node],
                             "ticket": ticket(key, "put", node, body.name, index, shas[index])})
     record(s, now, who.actor, "data.make", f"{body.name}: {len(body.shards)} shards x {body.replicas} replicas")
@@ -85,11 +86,11 @@ def set_replicas(s: Session, now: float, who: Identity, name: str, replicas: int
     if replicas < old:
         for sh in s.scalars(select(Shard).where(Shard.dataset == name)):
             rows = sorted((r for r in s.scalars(select(Replica).where(Replica.dataset == name, Replica.shard == sh.index))
-                           if r.state == "healthy"), key=lambda r: r.node)
+                           if r.state == ReplicaState.HEALTHY), key=lambda r: r.node)
             for r in rows[replicas:]:
                 dropped.append({"shard": sh.index, "node": r.node})
                 s.delete(r)
                 s.add(Transfer(job_id=None, dataset=name, shard=sh.index, src=r.node, dst=r.node, bytes=0,
-                               state="delete", created_at=now))
+                               state=TransferState.DELETE, created_at=now))
     record(s, now, who.actor, "data.place", f"{name}: replicas {old} -> {replicas}")
     return {"name": name, "replicas": replicas, "previous": old, "dropped": dropped}

@@ -20,14 +20,23 @@ Processing the same heartbeat twice is harmless: updates are absolute, and log t
 from __future__ import annotations
 
 import hashlib
-import signal
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
 from scheduler.core.errors import Forbidden
+from scheduler.core.lifecycle import (
+    ACTIVE,
+    RANK_FINAL,
+    RANK_LIVE,
+    JobState,
+    NodeState,
+    RankState,
+    ReplicaState,
+    TransferState,
+    derive,
+)
 from scheduler.protocol.messages import (
     Assignment,
     DeleteOrder,
@@ -40,7 +49,8 @@ from scheduler.protocol.messages import (
     TransferOrder,
 )
 from scheduler.server.auth import Identity
-from scheduler.server.service import finish_job, forget_cluster_limits, peer_key, record, requeue_job
+from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
+from scheduler.store.effects import move
 from scheduler.store.models import (
     Checkpoint,
     Dataset,
@@ -56,7 +66,7 @@ from scheduler.store.models import (
     Transfer,
 )
 
-LIVE_RANK = (st.R_ASSIGNED, st.R_STAGING, st.R_READY, st.R_RUNNING)
+LIVE_RANK = RANK_LIVE
 
 
 def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0) -> dict[str, Any]:
@@ -65,15 +75,15 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
     node = s.get(Node, hb.node)
     restarted = False
     if node is None:
-        node = Node(name=hb.node, rack=hb.rack, address=hb.address, state="up", incarnation=hb.incarnation,
+        node = Node(name=hb.node, rack=hb.rack, address=hb.address, state=NodeState.UP, incarnation=hb.incarnation,
                     last_seen=now)
         s.add(node)
         record(s, now, who.actor, "node.join", f"{hb.node} rack={hb.rack} devices={len(hb.devices)}", node=hb.node)
     else:
         restarted = node.incarnation != hb.incarnation
-        if node.state != "up":
+        if node.state != NodeState.UP:
             record(s, now, who.actor, "node.up", f"{hb.node} is back", node=hb.node)
-            node.state = "up"
+            node.state = NodeState.UP
             node.down_since = None
         node.rack, node.address, node.incarnation, node.last_seen = hb.rack, hb.address, hb.incarnation, now
     node.free_bytes = hb.free_bytes
@@ -130,20 +140,20 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
         if sh is None:
             continue  # a file the cluster does not know; left alone
         reported.add(key)
-        state = "healthy" if rep.sha256 == sh[0] and rep.bytes == sh[1] else "corrupt"
+        state = ReplicaState.HEALTHY if rep.sha256 == sh[0] and rep.bytes == sh[1] else ReplicaState.CORRUPT
         row = rows.get(key)
         if row is None:
             row = Replica(dataset=rep.dataset, shard=rep.shard, node=hb.node, state=state, updated_at=now)
             s.add(row)
         elif row.state != state:
-            if state == "corrupt":
+            if state == ReplicaState.CORRUPT:
                 record(s, now, f"agent:{hb.node}", "replica.corrupt", f"{rep.dataset}/{rep.shard} on {hb.node}: "
                        f"sha256 {rep.sha256[:12]} != {sh[0][:12]}", node=hb.node)
             row.state, row.updated_at = state, now
     for key, row in rows.items():
-        if key not in reported and row.state != "staging":
-            if row.state != "missing":
-                row.state, row.updated_at = "missing", now
+        if key not in reported and row.state != ReplicaState.STAGING:
+            if row.state != ReplicaState.MISSING:
+                row.state, row.updated_at = ReplicaState.MISSING, now
 
 
 def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int],
@@ -151,41 +161,41 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
     """Apply the reported ranks; returns the node's ranks that were not final before (the reply
     picks the live and the killing ones among them, so it need not read them again)."""
     rows = {(r.job_id, r.attempt, r.rank): r
-            for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(st.RANK_FINAL)))}
+            for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(RANK_FINAL)))}
     reported = set()
     for rr in hb.ranks:
         key = (rr.job_id, rr.attempt, rr.rank)
         reported.add(key)
         row = rows.get(key)
         if row is None:
-            if rr.state not in ("EXITED", "KILLED"):
+            if rr.state not in RANK_FINAL:
                 kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
             continue
         touched.add(row.job_id)
         if rr.log_tail:
             row.log_tail = rr.log_tail
-        if row.state == st.R_KILLING:
-            if rr.state in ("EXITED", "KILLED"):
-                row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+        if row.state == RankState.KILLING:
+            if rr.state in RANK_FINAL:
+                row.state, row.exit_code, row.ended_at = RankState.KILLED, rr.exit_code, now
             else:
                 kill.append({"job_id": rr.job_id, "attempt": rr.attempt, "rank": rr.rank})
             continue
-        if rr.state == "EXITED":
-            row.state, row.exit_code, row.ended_at = st.R_EXITED, rr.exit_code, now
-        elif rr.state == "KILLED":
-            row.state, row.exit_code, row.ended_at = st.R_KILLED, rr.exit_code, now
+        if rr.state == RankState.EXITED:
+            row.state, row.exit_code, row.ended_at = RankState.EXITED, rr.exit_code, now
+        elif rr.state == RankState.KILLED:
+            row.state, row.exit_code, row.ended_at = RankState.KILLED, rr.exit_code, now
         else:
-            row.state = rr.state
-            if rr.state == "RUNNING" and row.started_at is None:
+            row.state = RankState(rr.state)
+            if rr.state == RankState.RUNNING and row.started_at is None:
                 row.started_at = now
         job = s.get(Job, row.job_id)
         if job is None:
             continue
         if rr.error:
             job.progress = {**(job.progress or {}), "error": rr.error}
-            if rr.state == "EXITED" and rr.exit_code not in (0, None):
+            if rr.state == RankState.EXITED and rr.exit_code not in (0, None):
                 row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
-        if (rr.state == "EXITED" and rr.failure == "rendezvous" and job.state in st.ACTIVE
+        if (rr.state == RankState.EXITED and rr.failure == "rendezvous" and job.state in ACTIVE
                 and job.attempt == row.attempt):
             # Not the job's fault: back to the queue (max_restarts bounds it), its retries untouched.
             requeue_job(s, now, job, f"{rr.error or 'rendezvous failed'} (rank {row.rank} on {hb.node})")
@@ -197,20 +207,20 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
             if str(row.rank) not in done:
                 done[str(row.rank)] = {"bytes": rr.staged_bytes, "seconds": rr.staging_s}
                 job.progress = {**(job.progress or {}), "staged_ranks": done}
-        if rr.state == "STAGING" and rr.staging_total:
+        if rr.state == RankState.STAGING and rr.staging_total:
             stage = dict((job.progress or {}).get("staging", {}))
             stage[str(row.rank)] = {"bytes": rr.staged_bytes, "total": rr.staging_total, "rate_bps": rr.staging_rate_bps}
             job.progress = {**(job.progress or {}), "staging": stage}
     # Ranks the agent no longer has: a restarted agent lost them, or they ended while unreported.
     for key, row in rows.items():
-        if key in reported or row.state == st.R_ASSIGNED:
+        if key in reported or row.state == RankState.ASSIGNED:
             continue
-        if row.state == st.R_KILLING:
-            row.state, row.ended_at = st.R_KILLED, now
+        if row.state == RankState.KILLING:
+            row.state, row.ended_at = RankState.KILLED, now
         else:
-            row.state, row.exit_code, row.ended_at = st.R_KILLED, None, now
+            row.state, row.exit_code, row.ended_at = RankState.KILLED, None, now
             job = s.get(Job, row.job_id)
-            if job is not None and job.state in st.ACTIVE and job.attempt == row.attempt:
+            if job is not None and job.state in ACTIVE and job.attempt == row.attempt:
                 why = "restarted" if restarted else "lost the rank"
                 requeue_job(s, now, job, f"node {hb.node} {why} (rank {row.rank})")
         touched.add(row.job_id)
@@ -264,10 +274,10 @@ def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
         row = s.get(Transfer, t.id)
         if row is None or row.dst != hb.node:
             continue
-        row.state, row.reason = t.state, t.reason
-        if t.state in ("done", "failed"):
+        row.state, row.reason = TransferState(t.state), t.reason
+        if t.state in (TransferState.DONE, TransferState.FAILED):
             row.ended_at = now
-        if t.state == "done":
+        if t.state == TransferState.DONE:
             row.bytes = t.bytes
             node = s.get(Node, hb.node)
             if node is not None:
@@ -275,65 +285,20 @@ def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
 
 
 def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> None:
-    """Derive an active job's state from the ranks of its current attempt (idempotent).
-
-    A rank that exited non-zero fails the job only ``failure_grace_s`` after it exited (the cycle
-    calls this again): when a node dies, its peers' ranks fail at once on the broken connection, and
-    the grace (the heartbeat TTL) lets the node's loss be noticed first, so the job is requeued and
-    resumed rather than failed.
-    """
-    if job.state not in st.ACTIVE:
+    """Make the move an active job's ranks call for (``lifecycle.derive``: fail after ``failure_grace_s``,
+    retry, complete, run, stage), if any.  Idempotent: the cycle calls it again for every active job,
+    which settles a failure once its grace has passed."""
+    if job.state not in ACTIVE:
         return
     ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
-    if not ranks:
+    retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
+    step = derive(job, ranks, now, failure_grace_s, retries)
+    if step is None:
         return
-    failed = [r for r in ranks if r.state == st.R_EXITED and r.exit_code != 0]
-    if failed:
-        if now - min(r.ended_at or now for r in failed) < failure_grace_s:
-            return
-        # The first observed failure is the likely cause (its peers then fail on the broken
-        # connection); a rank killed by a signal beats one that exited with an error at the same time.
-        failed.sort(key=lambda r: (r.ended_at or now, 0 if (r.exit_code or 0) < 0 else 1, r.rank))
-        r = failed[0]
-        tail = "\n".join((r.log_tail or "").strip().splitlines()[-10:])
-        why = _exit_words(r)
-        if len(failed) > 1:
-            why += "; then " + ", ".join(_exit_words(x) for x in failed[1:])
-        retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
-        if job.failures < retries:
-            job.failures += 1
-            requeue_job(s, now, job, f"{why}; retry {job.failures} of {retries}")
-            job.restarts -= 1  # a retry is counted in failures, not in node-loss restarts
-            return
-        finish_job(s, now, job, st.FAILED, f"{why}\n{tail}".strip())
-        return
-    if all(r.state == st.R_EXITED and r.exit_code == 0 for r in ranks):
-        finish_job(s, now, job, st.COMPLETED, "all ranks exited 0")
-        return
-    if any(r.state == st.R_KILLED for r in ranks):
-        return  # being torn down by a requeue or cancel
-    states = {r.state for r in ranks}
-    if st.R_RUNNING in states and states <= {st.R_RUNNING, st.R_EXITED}:
-        if job.state != st.RUNNING:
-            st.transition(job, st.RUNNING, "running")
-            job.started_at = job.started_at or now
-            job.progress = {k: v for k, v in (job.progress or {}).items() if k != "staging"} | {"staged": True}
-            _close_staging(s, now, job)
-            record(s, now, "server", "job.running", f"on {', '.join(sorted({r.node for r in ranks}))}", job_id=job.id)
-    elif states & {st.R_STAGING, st.R_READY, st.R_RUNNING} and job.state == st.BOUND:
-        st.transition(job, st.STAGING, "staging data and starting ranks")
-
-
-def _exit_words(r: Rank) -> str:
-    """``rank 1 on n2 exited with code -9 (SIGKILL)``: the rank, its node and how it ended."""
-    code = r.exit_code
-    words = f"rank {r.rank} on {r.node} exited with code {code}"
-    if code is not None and code < 0:
-        try:
-            words += f" ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return words
+    if step.to == JobState.PENDING:  # a retry: requeue_job adds what a requeue needs (max_restarts)
+        requeue_job(s, now, job, step.reason, **step.context)
+    else:
+        move(s, now, job, step.to, step.reason, **step.context)
 
 
 class _NodeBook:
@@ -357,7 +322,7 @@ class _NodeBook:
         return self.rows.get(name, ("", ""))[0]
 
     def up(self, name: str) -> bool:
-        return self.rows.get(name, ("", ""))[1] == "up"
+        return self.rows.get(name, ("", ""))[1] == NodeState.UP
 
 
 MIRROR_PEERS = 3
@@ -368,7 +333,7 @@ def _peers(s: Session, node_name: str) -> list[Peer]:
     first (a checkpoint should survive its rack), then in an order stable per node but different for
     each, so mirrors spread over the cluster instead of all landing on one node."""
     rack = s.scalar(select(Node.rack).where(Node.name == node_name))
-    rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == "up", Node.name != node_name)).all()
+    rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == NodeState.UP, Node.name != node_name)).all()
 
     def key(row: Any) -> tuple[bool, bytes]:
         return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
@@ -388,10 +353,10 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
     live = [r for r in here if r.state in LIVE_RANK]
     book = _NodeBook(s)
     for r in live:
-        if r.state == st.R_RUNNING:
+        if r.state == RankState.RUNNING:
             continue  # reported RUNNING by this very heartbeat: it has its port, shards and checkpoint
         job = s.get(Job, r.job_id)
-        if job is None or job.state not in st.ACTIVE or job.attempt != r.attempt:
+        if job is None or job.state not in ACTIVE or job.attempt != r.attempt:
             continue
         ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
         rank0 = next((x for x in ranks if x.rank == 0), None)
@@ -406,7 +371,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
         holders: dict[int, list[str]] = {}
         if dataset is not None and wanted:
             for shard, node in s.execute(select(Replica.shard, Replica.node).where(
-                    Replica.dataset == dataset.name, Replica.state == "healthy", Replica.shard.in_(sorted(wanted)))):
+                    Replica.dataset == dataset.name, Replica.state == ReplicaState.HEALTHY, Replica.shard.in_(sorted(wanted)))):
                 holders.setdefault(shard, []).append(node)
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
         book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
@@ -428,38 +393,29 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                            addresses=[book.address(n) for n in ckpt.nodes]) if ckpt else None),
         ))
     kills = [Kill.model_validate(k) for k in kill]
-    for r in (x for x in here if x.state == st.R_KILLING):
+    for r in (x for x in here if x.state == RankState.KILLING):
         item = Kill(job_id=r.job_id, attempt=r.attempt, rank=r.rank)
         if item not in kills:
             kills.append(item)
     transfers = []
     mine = list(s.scalars(select(Transfer).where(Transfer.dst == node_name,
-                                                 Transfer.state.in_(("pending", "running", "delete")))
+                                                 Transfer.state.in_((TransferState.PENDING, TransferState.RUNNING, TransferState.DELETE)))
                           .order_by(Transfer.id)))
-    pending = [t for t in mine if t.state != "delete"]
+    pending = [t for t in mine if t.state != TransferState.DELETE]
     book.load({t.src for t in pending})
     for t in pending:
         sh = s.get(Shard, (t.dataset, t.shard))
         if sh is None:
             continue
-        t.state = "running"
+        t.state = TransferState.RUNNING
         transfers.append(TransferOrder(id=t.id, dataset=t.dataset, shard=t.shard, sha256=sh.sha256, bytes=sh.bytes,
                                        source=t.src, source_address=book.address(t.src)))
     deletes = []
-    for t in (x for x in mine if x.state == "delete"):
-        t.state = "done"
+    for t in (x for x in mine if x.state == TransferState.DELETE):
+        t.state = TransferState.DONE
         deletes.append(DeleteOrder(dataset=t.dataset, shard=t.shard))
     reply = HeartbeatReply(assignments=assignments, kill=kills, transfers=transfers, delete=deletes,
                            peer_key=peer_key(s),
                            # only a node running ranks has checkpoints to mirror
                            peers=_peers(s, node_name) if live else None)
     return reply.wire()
-
-
-def _close_staging(s: Session, now: float, job: Job) -> None:
-    """Once every rank runs, the job's staged shards have arrived: count their bytes per node pair."""
-    for t in s.scalars(select(Transfer).where(Transfer.job_id == job.id, Transfer.state == "job")):
-        t.state, t.ended_at = "done", now
-        node = s.get(Node, t.dst)
-        if node is not None:
-            node.staged_bytes += t.bytes

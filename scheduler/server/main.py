@@ -17,6 +17,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select, update
 
 from scheduler.core.clock import Clock
+from scheduler.core.lifecycle import NodeState
 from scheduler.server import service as svc
 from scheduler.server.app import create_app
 from scheduler.server.config import Settings
@@ -38,7 +39,7 @@ def bootstrap(db: Database, settings: Settings, clock: Clock) -> None:
         svc.peer_key(s)
         # A restarted server has heard nothing for a while: give every up node a full TTL to report
         # again before declaring it down, so a server restart never requeues healthy jobs.
-        s.execute(update(Node).where(Node.state == "up").values(last_seen=clock.now()))
+        s.execute(update(Node).where(Node.state == NodeState.UP).values(last_seen=clock.now()))
         has_admin = s.scalar(select(User).where(User.role == "admin")) is not None
         if not has_admin:
             token = svc.add_user(s, clock.now(), None, "admin", 1.0, role="admin")

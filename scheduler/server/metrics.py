@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
+from scheduler.core.lifecycle import JobState, NodeState, TransferState
 from scheduler.store.models import ClusterSample, Event, Job, Node, Transfer
 
 DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
@@ -72,12 +72,12 @@ def collect(s: Session, ctx: Any) -> Iterator[Any]:
     now = ctx.clock.now()
     jobs = GaugeMetricFamily("gsched_jobs", "Jobs by state", labels=["state"])
     counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-    for state in sorted(st.TRANSITIONS):
+    for state in sorted(JobState):
         jobs.add_metric([state], counts.get(state, 0))
     yield jobs
 
     why = GaugeMetricFamily("gsched_jobs_pending_by_reason", "Pending jobs by why they wait", labels=["reason"])
-    kinds = Counter(pending_reason_kind(r) for r in s.scalars(select(Job.reason).where(Job.state == st.PENDING)))
+    kinds = Counter(pending_reason_kind(r) for r in s.scalars(select(Job.reason).where(Job.state == JobState.PENDING)))
     for kind in PENDING_KINDS:  # every kind, 0 included, so dashboards see stable series
         why.add_metric([kind], kinds.get(kind, 0))
     yield why
@@ -106,7 +106,7 @@ def collect(s: Session, ctx: Any) -> Iterator[Any]:
     yield devices
 
     moved = CounterMetricFamily("gsched_staged_bytes", "Bytes copied between nodes", labels=["kind"])
-    done = dict(s.execute(select(Transfer.job_id.is_(None), func.sum(Transfer.bytes)).where(Transfer.state == "done")
+    done = dict(s.execute(select(Transfer.job_id.is_(None), func.sum(Transfer.bytes)).where(Transfer.state == TransferState.DONE)
                           .group_by(Transfer.job_id.is_(None))).all())
     moved.add_metric(["staging"], float(done.get(False) or 0))
     moved.add_metric(["replication"], float(done.get(True) or 0))
@@ -116,7 +116,7 @@ def collect(s: Session, ctx: Any) -> Iterator[Any]:
     age = GaugeMetricFamily("gsched_node_heartbeat_age_seconds", "Seconds since each node's last heartbeat",
                             labels=["node"])
     for n in s.scalars(select(Node).order_by(Node.name)):
-        up.add_metric([n.name], 1 if n.state == "up" else 0)
+        up.add_metric([n.name], 1 if n.state == NodeState.UP else 0)
         age.add_metric([n.name], max(0.0, now - n.last_seen))
     yield up
     yield age

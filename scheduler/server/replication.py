@@ -8,9 +8,12 @@ from collections import defaultdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
 from scheduler.core.replicas import place_replicas, reported_room
 from scheduler.server.service import record
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+
+IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication copy not yet over
 
 
 def schedule_replication(s: Session, now: float, concurrency: int) -> int:
@@ -20,18 +23,18 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     is not starved.  Corrupt copies are replaced first on the same node (a repair), else elsewhere.
     """
     inflight = s.scalar(select(func.count()).select_from(Transfer).where(
-        Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running")))) or 0
+        Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT))) or 0
     budget = concurrency - inflight
     if budget <= 0:
         return 0
-    rows = s.execute(select(Node.name, Node.rack, Node.free_bytes).where(Node.state == "up").order_by(Node.name)).all()
+    rows = s.execute(select(Node.name, Node.rack, Node.free_bytes).where(Node.state == NodeState.UP).order_by(Node.name)).all()
     up = [(name, rack) for name, rack, _ in rows]
     if not up:
         return 0
     room = reported_room((name, free) for name, _, free in rows)
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
-        Transfer.job_id.is_(None), Transfer.state.in_(("pending", "running"))))}
+        Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT)))}
     # Plain column reads (no ORM objects): this runs every cycle over every replica in the cluster.
     node_bytes: dict[str, int] = defaultdict(int)
     sizes = {(ds, i): size for ds, i, size in s.execute(select(Shard.dataset, Shard.index, Shard.bytes))}
@@ -41,7 +44,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for ds, i, node, state in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state)):
         reps[(ds, i)].append((node, state))
-        if state == "healthy" and node in up_names:
+        if state == ReplicaState.HEALTHY and node in up_names:
             node_bytes[node] += sizes.get((ds, i), 0)
             ds_bytes[ds][node] += sizes.get((ds, i), 0)
     for ds, i, dst in inflight_keys:
@@ -52,7 +55,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     for (ds, index), size in sorted(sizes.items()):
         want = required.get(ds, 0)
         rs = reps.get((ds, index), [])
-        healthy = [node for node, state in rs if state == "healthy" and node in up_names]
+        healthy = [node for node, state in rs if state == ReplicaState.HEALTHY and node in up_names]
         if not healthy or len(healthy) >= want:
             continue
         pending_dst = [dst for (d, i, dst) in inflight_keys if d == ds and i == index]
@@ -60,7 +63,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
         if len(have) >= want:
             continue
         # Nodes holding a corrupt or missing copy come first: repair in place.
-        repair = [node for node, state in rs if state in ("corrupt", "missing") and node in up_names
+        repair = [node for node, state in rs if state in (ReplicaState.CORRUPT, ReplicaState.MISSING) and node in up_names
                   and node not in have]
         group = {n: b - (size if n in have else 0) for n, b in ds_bytes[ds].items()}
         plan = place_replicas([(index, size)], up, want, existing={index: have}, node_bytes=node_bytes,
@@ -72,7 +75,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
                 return made
             src = min(healthy, key=lambda n: (racks.get(n) != racks.get(dst), n))
             s.add(Transfer(job_id=None, dataset=ds, shard=index, src=src, dst=dst, bytes=size,
-                           state="pending", created_at=now))
+                           state=TransferState.PENDING, created_at=now))
             inflight_keys.add((ds, index, dst))
             node_bytes[dst] += size
             ds_bytes[ds][dst] += size

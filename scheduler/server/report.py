@@ -13,7 +13,7 @@ from sqlalchemy import Integer, Table, bindparam, delete, func, select
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
+from scheduler.core.lifecycle import ACTIVE, JobState
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.snapshot import Snapshot
 from scheduler.server.cyclestate import CycleMemory, CycleReport
@@ -83,7 +83,7 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
                       .values(factor=bindparam("factor"), priority=bindparam("priority"), explain=bindparam("explain")),
                       [{k: e[k] for k in ("_id", "factor", "priority", "explain")} for e in chunk])
             if reasons:  # only jobs still pending: a job cancelled since the snapshot keeps its own reason
-                s.execute(table.update().where(table.c.id == bindparam("_id"), table.c.state == st.PENDING)
+                s.execute(table.update().where(table.c.id == bindparam("_id"), table.c.state == JobState.PENDING)
                           .values(reason=bindparam("reason")), reasons)
     with db.session() as s:
         _sample(s, now, snap, report, leader)
@@ -93,7 +93,7 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
 def _sample(s: Session, now: float, snap: Snapshot, report: CycleReport, leader: str) -> None:
     busy = sum(len(v) for v in busy_devices(s).values())
     total = sum(n.devices for n in snap.nodes.values())
-    running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(st.ACTIVE))) or 0
+    running = s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE))) or 0
     s.add(ClusterSample(time=now, devices_total=total, devices_busy=busy, pending=len(snap.pending) - len(report.bound),
                         running=running, durations={k: round(v, 6) for k, v in report.durations_s.items()},
                         leader=leader))

@@ -16,10 +16,19 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.jobspec import JobSpecError, validate_spec
+from scheduler.core.lifecycle import (
+    FINAL,
+    RANK_FINAL,
+    JobState,
+    NodeState,
+    ReplicaState,
+    TransferState,
+    gives_up,
+)
 from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
+from scheduler.store.effects import move, record
 from scheduler.store.models import (
     AgentToken,
     Checkpoint,
@@ -39,11 +48,6 @@ from scheduler.store.models import (
 )
 
 USER_NAME_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
-
-
-def record(s: Session, now: float, actor: str, kind: str, message: str = "",
-           job_id: int | None = None, node: str | None = None) -> None:
-    s.add(Event(time=now, actor=actor, kind=kind, message=message, job_id=job_id, node=node))
 
 
 def get_setting(s: Session, key: str, make: Any = None) -> str | None:
@@ -203,7 +207,7 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     if need > total:
         raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
                             f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
-    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=st.PENDING, reason="submitted",
+    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason="submitted",
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
               explain={}, progress={})
     if client_request_id is not None:
@@ -240,58 +244,36 @@ def require_owner(job: Job, who: Identity) -> None:
         raise Forbidden(f"job {job.id} belongs to {job.user}; only its owner or an admin may do this")
 
 
-def stop_ranks(s: Session, job: Job) -> None:
-    """Ask the agents to stop every live rank of the job (they report KILLED; devices free then)."""
-    for r in s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.state.not_in(st.RANK_FINAL))):
-        if r.state == st.R_ASSIGNED and r.started_at is None:
-            # Never started: nothing to kill on the node, but the agent may already be staging.
-            r.state = st.R_KILLING
-        else:
-            r.state = st.R_KILLING
-
-
 def cancel_job(s: Session, now: float, who: Identity, job_id: int) -> str:
+    """Cancel a job that has not ended (its owner or an admin): Conflict once it has."""
     job = get_job(s, job_id)
     require_owner(job, who)
-    if job.state in st.FINAL:
+    if job.state in FINAL:
         raise Conflict(f"job {job_id} is already {job.state}")
-    st.transition(job, st.CANCELLED, f"cancelled by {who.name}")
-    job.ended_at = now
-    stop_ranks(s, job)
-    record(s, now, who.actor, "job.cancel", "", job_id=job.id)
+    move(s, now, job, JobState.CANCELLED, f"cancelled by {who.name}", actor=who.actor)
     return job.state
 
 
-def finish_job(s: Session, now: float, job: Job, state: str, reason: str) -> None:
-    st.transition(job, state, reason)
-    job.ended_at = now
-    stop_ranks(s, job)
-    record(s, now, "server", f"job.{state.lower()}", reason, job_id=job.id)
+def finish_job(s: Session, now: float, job: Job, state: JobState, reason: str) -> None:
+    """End a job COMPLETED, FAILED or TIMEOUT (``lifecycle.TABLE``): its live ranks are stopped."""
+    move(s, now, job, state, reason)
 
 
-def requeue_job(s: Session, now: float, job: Job, reason: str) -> None:
-    """Put an active job back in the queue after losing a node; fail it past max_restarts."""
+def requeue_job(s: Session, now: float, job: Job, reason: str, retry: bool = False) -> None:
+    """Put an active job back in the queue after losing a node; fail it past max_restarts, with the
+    messages of its earlier requeues.  ``retry``: a retry after a rank failed (``lifecycle.derive``)."""
     max_restarts = int(job.spec.get("limits", {}).get("max_restarts", 3))
-    stop_ranks(s, job)
-    if job.restarts >= max_restarts:
+    earlier: list[str] = []
+    if gives_up(job.restarts, max_restarts):
         earlier = [e.message for e in s.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "job.requeue")
                                                 .order_by(Event.id))]
-        history = "".join(f"\n  earlier: {m}" for m in earlier)
-        finish_job(s, now, job, st.FAILED,
-                   f"{reason}; gave up after {job.restarts} restarts (max_restarts={max_restarts}){history}")
-        return
-    st.transition(job, st.PENDING, f"requeued: {reason}")
-    job.restarts += 1
-    job.pending_since = now
-    job.locality_wait_since = None
-    job.master_port = None
-    record(s, now, "server", "job.requeue", f"{reason} (restart {job.restarts})", job_id=job.id)
+    move(s, now, job, JobState.PENDING, reason, max_restarts=max_restarts, earlier=earlier, retry=retry)
 
 
 def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list[dict[str, Any]]:
     q = select(Job)
     if not include_done:
-        q = q.where(Job.state.not_in(st.FINAL))
+        q = q.where(Job.state.not_in(FINAL))
     q = q.order_by(Job.id.desc()).limit(limit)
     jobs = list(s.scalars(q))
     ids = [j.id for j in jobs]
@@ -386,21 +368,21 @@ def job_logs(s: Session, job: Job, rank: int | None, after_id: int = 0, limit: i
 
 def node_rows(s: Session) -> list[dict[str, Any]]:
     busy: dict[str, int] = defaultdict(int)
-    for node, devs in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(st.RANK_FINAL))):
+    for node, devs in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(RANK_FINAL))):
         busy[node] += len(devs or [])
     devices: dict[str, list[Device]] = defaultdict(list)
     for d in s.scalars(select(Device).order_by(Device.node, Device.index)):
         devices[d.node].append(d)
     held: dict[str, int] = defaultdict(int)
     for node, count in s.execute(
-            select(Replica.node, func.count()).where(Replica.state == "healthy").group_by(Replica.node)):
+            select(Replica.node, func.count()).where(Replica.state == ReplicaState.HEALTHY).group_by(Replica.node)):
         held[node] = count
     out = []
     for n in s.scalars(select(Node).order_by(Node.name)):
         healthy = sum(1 for d in devices[n.name] if d.healthy)
         out.append({
             "name": n.name, "rack": n.rack, "state": n.state, "address": n.address, "last_seen": n.last_seen,
-            "devices": healthy, "devices_free": max(0, healthy - busy[n.name]) if n.state == "up" else 0,
+            "devices": healthy, "devices_free": max(0, healthy - busy[n.name]) if n.state == NodeState.UP else 0,
             "device_kind": devices[n.name][0].kind if devices[n.name] else "",
             "device_model": devices[n.name][0].model if devices[n.name] else "",
             "shards": held[n.name], "staged_bytes": n.staged_bytes, "free_bytes": n.free_bytes,
@@ -410,9 +392,9 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
 
 def dataset_rows(s: Session) -> list[dict[str, Any]]:
     replicas: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
-    up = {n.name for n in s.scalars(select(Node).where(Node.state == "up"))}
+    up = {n.name for n in s.scalars(select(Node).where(Node.state == NodeState.UP))}
     for r in s.scalars(select(Replica).order_by(Replica.dataset, Replica.shard, Replica.node)):
-        state = r.state if r.node in up or r.state != "healthy" else "missing"
+        state = r.state if r.node in up or r.state != ReplicaState.HEALTHY else ReplicaState.MISSING
         replicas[(r.dataset, r.shard)].append({"node": r.node, "state": state})
     out: list[dict[str, Any]] = []
     for d in s.scalars(select(Dataset).order_by(Dataset.name)):
@@ -420,7 +402,7 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
         for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
             shards.append({"index": sh.index, "bytes": sh.bytes, "sha256": sh.sha256, "samples": sh.samples,
                            "replicas": replicas.get((d.name, sh.index), [])})
-        healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == "healthy") for sh in shards), default=0)
+        healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == ReplicaState.HEALTHY) for sh in shards), default=0)
         out.append({"name": d.name, "source": d.source, "classes": d.classes, "image_shape": d.image_shape,
                     "replicas_required": d.replicas_required, "replicas_healthy_min": healthy_min,
                     "bytes": sum(sh["bytes"] for sh in shards), "samples": sum(sh["samples"] for sh in shards),
@@ -431,7 +413,7 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
 def transfer_rows(s: Session) -> list[dict[str, Any]]:
     """Bytes moved per node pair: staging for jobs and re-replication, finished transfers only."""
     q = (select(Transfer.src, Transfer.dst, Transfer.job_id.is_(None), func.count(), func.sum(Transfer.bytes))
-         .where(Transfer.state == "done", Transfer.src != Transfer.dst)
+         .where(Transfer.state == TransferState.DONE, Transfer.src != Transfer.dst)
          .group_by(Transfer.src, Transfer.dst, Transfer.job_id.is_(None)))
     return [{"src": src, "dst": dst, "kind": "replication" if repl else "staging", "transfers": n, "bytes": int(b or 0)}
             for src, dst, repl, n, b in s.execute(q)]

@@ -15,8 +15,8 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
 from scheduler.core.fairshare import decay
+from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, RankState
 from scheduler.server.heartbeat import sync_job
 from scheduler.server.service import finish_job, record, requeue_job
 from scheduler.store.models import Job, Node, Rank, Usage
@@ -27,16 +27,16 @@ def expire_nodes(s: Session, now: float, ttl_s: float) -> int:
     """Mark down the up nodes last seen more than ``ttl_s`` before ``now`` and requeue the active jobs
     with ranks on them; returns how many nodes went down."""
     n = 0
-    for node in s.scalars(select(Node).where(Node.state == "up", Node.last_seen < now - ttl_s)):
-        node.state = "down"
+    for node in s.scalars(select(Node).where(Node.state == NodeState.UP, Node.last_seen < now - ttl_s)):
+        node.state = NodeState.DOWN
         node.down_since = now
         n += 1
         record(s, now, "server", "node.down", f"{node.name}: no heartbeat for {now - node.last_seen:.0f}s", node=node.name)
         jobs = {r.job_id for r in s.scalars(select(Rank).where(Rank.node == node.name,
-                                                              Rank.state.not_in(st.RANK_FINAL)))}
+                                                              Rank.state.not_in(RANK_FINAL)))}
         for job_id in sorted(jobs):
             job = s.get(Job, job_id)
-            if job is not None and job.state in st.ACTIVE:
+            if job is not None and job.state in ACTIVE:
                 requeue_job(s, now, job, f"node {node.name} is down")
     return n
 
@@ -46,14 +46,14 @@ def enforce_time_limits(s: Session, now: float, failure_grace_s: float = 0.0, sh
     how many jobs timed out.  ``shapes``: where the jobs' time limits are read (a fresh one: each spec)."""
     shapes = shapes if shapes is not None else JobShapes()
     n = 0
-    for job in s.scalars(select(Job).where(Job.state.in_(st.ACTIVE))):
+    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE))):
         sync_job(s, now, job, failure_grace_s)
-        if job.state not in st.ACTIVE:
+        if job.state not in ACTIVE:
             continue
         limit = int(shapes.of(job).time_limit_s)
         start = job.started_at
         if start is not None and now - start > limit:
-            finish_job(s, now, job, st.TIMEOUT, f"ran past its time limit of {limit}s")
+            finish_job(s, now, job, JobState.TIMEOUT, f"ran past its time limit of {limit}s")
             n += 1
     return n
 
@@ -63,7 +63,7 @@ def update_usage(s: Session, now: float, half_life_s: float) -> None:
     rows = {u.user: u for u in s.scalars(select(Usage))}
     running: dict[str, int] = defaultdict(int)
     q = (select(Job.user, Rank.devices).join(Rank, Rank.job_id == Job.id)
-         .where(Rank.state == st.R_RUNNING, Job.state == st.RUNNING))
+         .where(Rank.state == RankState.RUNNING, Job.state == JobState.RUNNING))
     for user, devices in s.execute(q):
         running[user] += len(devices or [])
     for user in set(rows) | set(running):

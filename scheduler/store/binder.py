@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
 from scheduler.core.jobspec import stored
+from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, RankState, TransferState
 from scheduler.core.placement import Candidate
 from scheduler.store.db import Database
-from scheduler.store.models import Device, Event, Job, Node, Rank, ShardAssignment, Transfer
+from scheduler.store.effects import bind_job
+from scheduler.store.models import Device, Job, Node, Rank, ShardAssignment, Transfer
 
 
 def busy_devices(s: Session) -> dict[str, set[int]]:
     """Node -> the indexes of its devices that ranks not yet final hold."""
     busy: dict[str, set[int]] = defaultdict(set)
-    for node, devices in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(st.RANK_FINAL))):
+    for node, devices in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(RANK_FINAL))):
         busy[node].update(devices or [])
     return busy
 
@@ -49,13 +50,13 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     job = s.get(Job, job_id)
     if job is None:
         return "the job is gone"
-    if job.state != st.PENDING:
+    if job.state != JobState.PENDING:
         return f"the job is {job.state} now, no longer PENDING"
     busy = busy_devices(s)
     healthy: dict[str, list[int]] = defaultdict(list)
     for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
         healthy[d.node].append(d.index)
-    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == "up"))}
+    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP))}
     free = {n: [i for i in healthy[n] if i not in busy[n]] for n in cand.nodes}
     for node, need in cand.devices_by_node().items():
         if node not in up:
@@ -65,20 +66,13 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
             return f"devices on {node} became {why} since the snapshot ({len(free[node])} free, {need} needed)"
     if clock is not None:
         now = max(now, clock())
-    job.attempt += 1
-    st.transition(job, st.BOUND, f"bound to {', '.join(cand.nodes)}")
-    job.locality_wait_since = None
-    job.master_port = None
-    job.transfer_bytes = cand.transfer_bytes
-    job.transfer_cost_ms = cand.transfer_cost_ms
-    job.local_fraction = cand.local_fraction
-    job.progress = {}
+    bind_job(s, now, job, cand)  # PENDING -> BOUND (lifecycle): attempt + 1, the job.bind event
     local_index: dict[str, int] = defaultdict(int)
     for rank, node in enumerate(cand.rank_nodes):
         devices = free[node][: cand.devices_per_rank]
         free[node] = free[node][cand.devices_per_rank:]
         s.add(Rank(job_id=job.id, attempt=job.attempt, rank=rank, local_rank=local_index[node], node=node,
-                   devices=devices, state=st.R_ASSIGNED, bound_at=now))
+                   devices=devices, state=RankState.ASSIGNED, bound_at=now))
         local_index[node] += 1
     dataset = stored(job.spec).data.dataset
     for read in cand.reads:
@@ -86,10 +80,7 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
                               node=read.node, source=read.source, bytes=read.bytes))
         if not read.local:
             s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
-                           bytes=read.bytes, state="job", created_at=now))
-    s.add(Event(time=now, actor="server", kind="job.bind", job_id=job.id,
-                message=f"attempt {job.attempt} on {', '.join(cand.nodes)}; "
-                        f"{cand.transfer_bytes} bytes to stage (~{cand.transfer_cost_ms} ms)"))
+                           bytes=read.bytes, state=TransferState.JOB, created_at=now))
     return None
 
 
@@ -126,5 +117,5 @@ def bind_all(db: Database, now: float, bindings: Mapping[int, Candidate], clock:
 def start_locality_waits(s: Session, now: float, job_ids: Iterable[int]) -> None:
     """Stamp ``now`` as the start of the locality wait of those of ``job_ids`` still PENDING that have
     none yet (the wait counts from the first cycle a job waited: policies.twostage)."""
-    s.execute(update(Job).where(Job.id.in_(list(job_ids)), Job.state == st.PENDING,
+    s.execute(update(Job).where(Job.id.in_(list(job_ids)), Job.state == JobState.PENDING,
                                 Job.locality_wait_since.is_(None)).values(locality_wait_since=now))

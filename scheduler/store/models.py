@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
+
 
 class Base(DeclarativeBase):
     pass
@@ -51,7 +53,7 @@ class Node(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     rack: Mapped[str] = mapped_column(String(64), default="rack0")
     address: Mapped[str] = mapped_column(String(256), default="")  # host:port of the agent's data server
-    state: Mapped[str] = mapped_column(String(16), default="up")  # up | down
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.UP)  # NodeState
     incarnation: Mapped[str] = mapped_column(String(64), default="")  # changes when the agent restarts
     last_seen: Mapped[float] = mapped_column(Float, default=0.0)
     down_since: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -97,7 +99,7 @@ class Replica(Base):
     dataset: Mapped[str] = mapped_column(String(64), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     node: Mapped[str] = mapped_column(String(64), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16), default="missing")  # healthy|corrupt|missing|staging
+    state: Mapped[str] = mapped_column(String(16), default=ReplicaState.MISSING)  # ReplicaState
     updated_at: Mapped[float] = mapped_column(Float, default=0.0)
 
 
@@ -108,7 +110,7 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(128))
     user: Mapped[str] = mapped_column(String(64), index=True)
     spec: Mapped[Any] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # JobState
     reason: Mapped[str] = mapped_column(Text, default="")
     client_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     submitted_at: Mapped[float] = mapped_column(Float)
@@ -141,7 +143,7 @@ class Rank(Base):
     local_rank: Mapped[int] = mapped_column(Integer, default=0)
     node: Mapped[str] = mapped_column(String(64))
     devices: Mapped[Any] = mapped_column(JSON)  # device indices on the node
-    # ASSIGNED -> STAGING -> READY -> RUNNING -> EXITED;  KILLING -> KILLED
+    # RankState: ASSIGNED -> STAGING -> READY -> RUNNING -> EXITED;  KILLING -> KILLED
     state: Mapped[str] = mapped_column(String(16))
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     log_tail: Mapped[str] = mapped_column(Text, default="")
@@ -206,7 +208,7 @@ class Transfer(Base):
     src: Mapped[str] = mapped_column(String(64))
     dst: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|done|failed
+    state: Mapped[str] = mapped_column(String(16), default=TransferState.PENDING)  # TransferState
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from scheduler.core import lifecycle as st
 from scheduler.core.jobspec import stored
+from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
 from scheduler.store.models import Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
@@ -84,7 +84,7 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == "up").order_by(Node.name)):
+    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == NodeState.UP).order_by(Node.name)):
         devs = healthy.get(name, 0)
         nodes[name] = NodeView(name=name, rack=rack, devices=devs, free=max(0, devs - len(busy[name])))
     shards: dict[str, list[ShardView]] = defaultdict(list)
@@ -93,20 +93,20 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
         shards[ds].append(ShardView(ds, index, size, samples))
     replicas: dict[tuple[str, int], list[str]] = defaultdict(list)
     for ds, index, node in s.execute(
-            select(Replica.dataset, Replica.shard, Replica.node).where(Replica.state == "healthy").order_by(Replica.node)):
+            select(Replica.dataset, Replica.shard, Replica.node).where(Replica.state == ReplicaState.HEALTHY).order_by(Replica.node)):
         if node in nodes:
             replicas[(ds, index)].append(node)
-    pending_ids = select(Job.id).where(Job.state == st.PENDING).scalar_subquery()
+    pending_ids = select(Job.id).where(Job.state == JobState.PENDING).scalar_subquery()
     ckpt_nodes: dict[int, tuple[str, ...]] = {}
     for job_id, ck_nodes in s.execute(select(Checkpoint.job_id, Checkpoint.nodes)
                                       .where(Checkpoint.job_id.in_(pending_ids))
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
     pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since)
-                             .where(Job.state == st.PENDING).order_by(Job.id)).all()
+                             .where(Job.state == JobState.PENDING).order_by(Job.id)).all()
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
-                                           .where(Rank.state.not_in(st.RANK_FINAL))):
+                                           .where(Rank.state.not_in(RANK_FINAL))):
         by_job[job_id][node] += len(devices or [])
     running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at).where(Job.id.in_(list(by_job)))).all()
     shape_of = shapes.read(s, [(r[0], r[1]) for r in pending_rows] + [(r[0], r[1]) for r in running_rows])

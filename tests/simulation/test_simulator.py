@@ -13,9 +13,9 @@ import pytest
 import scheduler.sim.simulator as simmod
 from policies.registry import get_arbiter
 from scheduler.cli import main as cli
-from scheduler.core import lifecycle as st
 from scheduler.core.decide import decide
 from scheduler.core.jobspec import validate_spec
+from scheduler.core.lifecycle import JobState, RankState
 from scheduler.core.placement import Decision
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import Snapshot
@@ -199,7 +199,7 @@ def _store(db: Database, snap: Snapshot) -> None:
         for r in snap.running:
             limit = math.ceil(r.end_by_s - now + 5.0)  # whole seconds, as a job.toml gives them
             started = r.end_by_s - limit  # at least 5 s ago, and started + limit ends where the simulator's does
-            s.add(Job(id=r.id, name=f"job{r.id}", user=r.user, state=st.RUNNING, submitted_at=0.0,
+            s.add(Job(id=r.id, name=f"job{r.id}", user=r.user, state=JobState.RUNNING, submitted_at=0.0,
                       pending_since=0.0, started_at=started, attempt=1,
                       spec=_spec(f"job{r.id}", sum(d for _, d in r.devices_by_node), 1, some_dataset, limit)))
             s.flush()
@@ -207,11 +207,11 @@ def _store(db: Database, snap: Snapshot) -> None:
             for node, devices in r.devices_by_node:
                 for _ in range(devices):
                     s.add(Rank(job_id=r.id, attempt=1, rank=rank, node=node, devices=[next_free[node]],
-                               state=st.R_RUNNING))
+                               state=RankState.RUNNING))
                     next_free[node] += 1
                     rank += 1
         for j in snap.pending:
-            s.add(Job(id=j.id, name=f"job{j.id}", user=j.user, state=st.PENDING, submitted_at=j.submit_s,
+            s.add(Job(id=j.id, name=f"job{j.id}", user=j.user, state=JobState.PENDING, submitted_at=j.submit_s,
                       pending_since=j.pending_since_s, locality_wait_since=j.waiting_since_s,
                       spec=_spec(f"job{j.id}", j.ranks, j.devices_per_rank, j.dataset, j.time_limit_s)))
 
@@ -242,10 +242,10 @@ def test_simulator_and_server_decide_the_same_on_a_recorded_snapshot(tmp_path: P
     # ... and the ranks it wrote sit on the nodes the simulator chose.
     with db.session() as s:
         for job_id, cand in sim_decision.bindings.items():
-            ranks = sorted(s.query(Rank).filter(Rank.job_id == job_id, Rank.state == st.R_ASSIGNED),
+            ranks = sorted(s.query(Rank).filter(Rank.job_id == job_id, Rank.state == RankState.ASSIGNED),
                            key=lambda r: r.rank)
             assert tuple(r.node for r in ranks) == cand.rank_nodes
-            assert s.get(Job, job_id).state == st.BOUND
+            assert s.get(Job, job_id).state == JobState.BOUND
     db.dispose()
 
 

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from scheduler.core.errors import Forbidden
+from scheduler.core.lifecycle import RANK_FINAL
 from scheduler.protocol.messages import Heartbeat
 from scheduler.server import service as svc
 from scheduler.server.api_models import AgentTokenIn
@@ -48,7 +49,7 @@ async def heartbeat(request: Request) -> JSONResponse:
         return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s)
 
     reply = await asyncio.wrap_future(ctx.heartbeats.submit(call))
-    if any(r.state in ("EXITED", "KILLED") for r in body.ranks):
+    if any(r.state in RANK_FINAL for r in body.ranks):
         ctx.poke()  # devices were freed: schedule soon
     reply["heartbeat_s"] = ctx.settings.heartbeat_s
     return JSONResponse(reply)
