@@ -35,6 +35,14 @@ def decay(usage: float, elapsed_s: float, half_life_s: float) -> float:
     return usage * 2.0 ** (-elapsed_s / half_life_s)
 
 
+def accrue(usage: float, devices_held: int, elapsed_s: float, half_life_s: float) -> float:
+    """A user's usage ``elapsed_s`` later: decayed (:func:`decay`), plus the device-seconds of the
+    ``devices_held`` meanwhile.  What the server's cycle (``update_usage``) and the simulator charge."""
+    if elapsed_s <= 0:
+        return usage
+    return decay(usage, elapsed_s, half_life_s) + devices_held * elapsed_s
+
+
 def decay_all(usage: Mapping[str, float], elapsed_s: float, half_life_s: float) -> dict[str, float]:
     """:func:`decay` applied to every user's usage."""
     return {user: decay(u, elapsed_s, half_life_s) for user, u in usage.items()}

@@ -15,7 +15,7 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.core.fairshare import decay
+from scheduler.core.fairshare import accrue
 from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, RankState
 from scheduler.server.heartbeat import sync_job
 from scheduler.server.service import finish_job, record, requeue_job
@@ -73,5 +73,5 @@ def update_usage(s: Session, now: float, half_life_s: float) -> None:
             s.add(row)
             continue
         dt = max(0.0, now - row.updated_at)
-        row.device_seconds = decay(row.device_seconds, dt, half_life_s) + running[user] * dt
+        row.device_seconds = accrue(row.device_seconds, running[user], dt, half_life_s)
         row.updated_at = now

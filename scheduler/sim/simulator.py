@@ -32,15 +32,17 @@ The model (every assumption is ours; the traces carry no data or model informati
   node that needs it, ``agents.staging.ShardFlights``); the later ones count it as a local read.
 - **Run time** = staging time + remaining trace duration.  Staging time is the bound candidate's
   ``transfer_cost_ms`` (the cost model's estimate: missing shards fetched one after another at the
-  same-rack or cross-rack bandwidth; no link contention).  Devices are held from bind to end.
+  same-rack or cross-rack bandwidth; no link contention).  Devices are held from bind to end; which
+  devices, and which reads are staged, is ``scheduler.core.binding.plan_binding``, the server's
+  binder's own bookkeeping.
 - **Cycles**: like the server's periodic cycle, decisions happen on ticks of ``--cycle-s`` simulated
   seconds (default 10).  A cycle is scheduled at the next tick after anything changes (arrival,
   completion, failure, recovery, re-replication) and at the tick after a pending job's locality wait
   expires (the arbiter's ``waiting`` starts are kept per job, as the server keeps them).  A cycle
   that cannot bind anything (no pending job needs at most the free devices; every rank has one
   device) is skipped: it could not change anything.
-- **Fair share**: usage is decayed as the server's ``update_usage`` does (:func:`fairshare.decay`
-  with ``usage_half_life_s``) and charged the devices each user holds; every user has one share.
+- **Fair share**: usage is accrued as the server's ``update_usage`` accrues it (:func:`fairshare.accrue`:
+  decayed with ``usage_half_life_s``, plus the devices each user holds); every user has one share.
 - **Failures** (``--failures rate=0.5,down_s=3600,checkpoint_s=1800,rereplicate_s=600``): each node
   fails as a Poisson process of ``rate`` failures per node-day (its own seeded generator, so every
   policy sees the same failures) and returns ``down_s`` later with its disk intact.  Jobs with a rank
@@ -81,10 +83,11 @@ from pathlib import Path
 from typing import Any
 
 from policies.registry import get_arbiter
+from scheduler.core.binding import plan_binding
 from scheduler.core.clock import FakeClock
 from scheduler.core.decide import decide
 from scheduler.core.errors import BadRequest
-from scheduler.core.fairshare import decay
+from scheduler.core.fairshare import accrue
 from scheduler.core.placement import Candidate
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.replicas import place_replicas
@@ -284,7 +287,8 @@ class _Job:
     bound_s: float = 0.0
     run_start_s: float = 0.0
     end_s: float = 0.0
-    dbn: dict[str, int] = field(default_factory=dict)
+    dbn: dict[str, int] = field(default_factory=dict)  # devices held per node
+    devs: dict[str, list[int]] = field(default_factory=dict)  # which ones
     queue_s: float = 0.0
     first_start_s: float | None = None
 
@@ -308,7 +312,8 @@ class Simulation:
         self.racks = dict(layout)
         self.node_names = [n for n, _ in layout]
         self.devices = dict.fromkeys(self.node_names, cluster.devices_per_node)
-        self.used = dict.fromkeys(self.node_names, 0)
+        self.healthy = {n: tuple(range(cluster.devices_per_node)) for n in self.node_names}  # device indexes
+        self.busy: dict[str, set[int]] = {n: set() for n in self.node_names}  # indexes ranks hold
         self.up = set(self.node_names)
         self.total_devices = cluster.nodes * cluster.devices_per_node
         self._build_data(layout)
@@ -400,7 +405,7 @@ class Simulation:
         dt = t - t0
         hl = self.cfg.usage_half_life_s
         for u in self.usage:
-            self.usage[u] = decay(self.usage[u], dt, hl) + self.held[u] * dt
+            self.usage[u] = accrue(self.usage[u], self.held[u], dt, hl)  # as the server's update_usage
         self.busy_ds += sum(self.held.values()) * dt
         self.capacity_ds += sum(self.devices[n] for n in self.up) * dt
         a = t0
@@ -437,7 +442,7 @@ class Simulation:
 
     def snapshot(self, now: float) -> Snapshot:
         """The frozen view one cycle decides over, built as ``cycle.build_snapshot`` builds it."""
-        nodes = {n: NodeView(n, self.racks[n], self.devices[n], self.devices[n] - self.used[n])
+        nodes = {n: NodeView(n, self.racks[n], self.devices[n], self.devices[n] - len(self.busy[n]))
                  for n in self.node_names if n in self.up}
         pending = tuple(v for v in (self.pending[i].view for i in sorted(self.pending)) if v is not None)
         running = tuple(RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s))
@@ -449,7 +454,7 @@ class Simulation:
         self.next_cycle = None
         if not self.pending:
             return
-        free = sum(self.devices[n] - self.used[n] for n in self.up)
+        free = sum(self.devices[n] - len(self.busy[n]) for n in self.up)
         if min(j.devices for j in self.pending.values()) > free:
             return  # nothing could be bound: the cycle would change nothing
         self.cycles += 1
@@ -471,13 +476,14 @@ class Simulation:
     def _bind(self, job: _Job, cand: Candidate, now: float) -> None:
         del self.pending[job.id]
         self.pend_dev[job.user] -= job.devices
-        dbn = cand.devices_by_node()
-        for n, d in dbn.items():
-            if n not in self.up or self.used[n] + d > self.devices[n]:
-                raise AssertionError(f"job {job.id}: node {n} over-committed by the decision")
-            self.used[n] += d
+        plan = plan_binding(cand, self.healthy, self.busy, self.up)  # the server's binder's bookkeeping
+        if isinstance(plan, str):
+            raise AssertionError(f"job {job.id}: the decision over-commits: {plan}")
+        job.devs = plan.devices_by_node()
+        for n, devs in job.devs.items():
+            self.busy[n].update(devs)
         self.held[job.user] += job.devices
-        job.dbn = dbn
+        job.dbn = {n: len(devs) for n, devs in job.devs.items()}
         job.attempt += 1
         job.queue_s += now - job.pending_since_s
         if job.first_start_s is None:
@@ -487,10 +493,11 @@ class Simulation:
         job.end_s = job.run_start_s + job.remaining_s
         self.running[job.id] = job
         self._push(job.end_s, _END, (job.id, job.attempt))
+        staging = set(plan.staging)
         for r in cand.reads:
             self.read_bytes += r.bytes
             fetched = (r.node, job.dataset, r.shard)
-            if not r.local and fetched not in self.staged_this_cycle:
+            if r in staging and fetched not in self.staged_this_cycle:
                 self.staged_this_cycle.add(fetched)  # later jobs of this cycle read it off the node's disk
                 self.moved_bytes += r.bytes
                 if self.racks.get(r.source) != self.racks.get(r.node):
@@ -520,12 +527,12 @@ class Simulation:
             entries.move_to_end(key)
 
     def _release(self, job: _Job) -> None:
-        for n, d in job.dbn.items():
+        for n, devs in job.devs.items():
             if n in self.up:
-                self.used[n] -= d
+                self.busy[n].difference_update(devs)
         self.held[job.user] -= job.devices
         del self.running[job.id]
-        job.dbn = {}
+        job.dbn, job.devs = {}, {}
 
     # ---------------------------------------------------------- failures
 
@@ -553,7 +560,7 @@ class Simulation:
             self.restarts += 1
             self._make_pending(job, now)
         self.up.discard(node)
-        self.used[node] = 0
+        self.busy[node] = set()
         self._replica_view = None
         self._push(now + self.failures.down_s, _RECOVER, node)
         if self.failures.rereplicate_s < self.failures.down_s:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from scheduler.core.binding import plan_binding
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, RankState, TransferState
 from scheduler.core.placement import Candidate
@@ -42,8 +43,9 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     - a node has fewer free healthy devices than ``cand`` puts on it (taken, or found unhealthy, since
       the snapshot).
 
-    A bound job is BOUND with attempt + 1; each rank gets the lowest free device indexes of its node, in
-    rank order, and is stamped ``max(now, clock())`` taken after the check, so a binding never predates
+    The check and the ranks' devices are ``scheduler.core.binding.plan_binding``'s (the simulator binds
+    with it too).  A bound job is BOUND with attempt + 1; each rank gets the lowest free device indexes
+    of its node, in rank order, and is stamped ``max(now, clock())`` taken after the check, so a binding never predates
     the release it relies on.  Its shard reads are stored, a transfer for each read that is not local,
     and a ``job.bind`` event.
     """
@@ -52,35 +54,26 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
         return "the job is gone"
     if job.state != JobState.PENDING:
         return f"the job is {job.state} now, no longer PENDING"
-    busy = busy_devices(s)
     healthy: dict[str, list[int]] = defaultdict(list)
     for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
         healthy[d.node].append(d.index)
     up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP))}
-    free = {n: [i for i in healthy[n] if i not in busy[n]] for n in cand.nodes}
-    for node, need in cand.devices_by_node().items():
-        if node not in up:
-            return f"node {node} is not up any more"
-        if len(free[node]) < need:
-            why = "taken" if len(healthy[node]) >= need else "unhealthy"
-            return f"devices on {node} became {why} since the snapshot ({len(free[node])} free, {need} needed)"
+    plan = plan_binding(cand, healthy, busy_devices(s), up)
+    if isinstance(plan, str):
+        return plan
     if clock is not None:
         now = max(now, clock())
     bind_job(s, now, job, cand)  # PENDING -> BOUND (lifecycle): attempt + 1, the job.bind event
-    local_index: dict[str, int] = defaultdict(int)
-    for rank, node in enumerate(cand.rank_nodes):
-        devices = free[node][: cand.devices_per_rank]
-        free[node] = free[node][cand.devices_per_rank:]
-        s.add(Rank(job_id=job.id, attempt=job.attempt, rank=rank, local_rank=local_index[node], node=node,
-                   devices=devices, state=RankState.ASSIGNED, bound_at=now))
-        local_index[node] += 1
+    for slot in plan.ranks:
+        s.add(Rank(job_id=job.id, attempt=job.attempt, rank=slot.rank, local_rank=slot.local_rank, node=slot.node,
+                   devices=list(slot.devices), state=RankState.ASSIGNED, bound_at=now))
     dataset = stored(job.spec).data.dataset
     for read in cand.reads:
         s.add(ShardAssignment(job_id=job.id, attempt=job.attempt, rank=read.rank, dataset=dataset, shard=read.shard,
                               node=read.node, source=read.source, bytes=read.bytes))
-        if not read.local:
-            s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
-                           bytes=read.bytes, state=TransferState.JOB, created_at=now))
+    for read in plan.staging:
+        s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
+                       bytes=read.bytes, state=TransferState.JOB, created_at=now))
     return None
 
 
