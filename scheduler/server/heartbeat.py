@@ -261,7 +261,7 @@ def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
             s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
                              bytes=int(line.get("bytes", 0) or 0), created_at=now))
-            keep = int(job.spec.get("train", {}).get("keep_checkpoints", 0) or 0)
+            keep = job.parsed_spec.train.keep_checkpoints
             if keep > 0:  # the agents deleted the older files; their rows go too
                 s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
         elif kind == "progress":
@@ -291,7 +291,7 @@ def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> 
     if job.state not in ACTIVE:
         return
     ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
-    retries = int(job.spec.get("limits", {}).get("retry_on_failure", 0))
+    retries = job.parsed_spec.limits.retry_on_failure
     step = derive(job, ranks, now, failure_grace_s, retries)
     if step is None:
         return
@@ -364,7 +364,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                                                             ShardAssignment.attempt == job.attempt,
                                                             ShardAssignment.rank == r.rank)
                                .order_by(ShardAssignment.shard)))
-        dataset = s.get(Dataset, job.spec["data"]["dataset"])
+        dataset = s.get(Dataset, job.parsed_spec.data.dataset)
         wanted = {a.shard for a in reads}
         shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
             Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
@@ -382,7 +382,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             devices=r.devices,
             master_addr=book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
             master_port=job.master_port,
-            train=job.spec.get("train", {}),  # as stored at submit: TrainKnobs values
+            train=job.parsed_spec.train.model_dump(mode="json"),  # every knob, defaults filled
             num_classes=dataset.classes if dataset else 10,
             shards=[ShardSource(dataset=a.dataset, index=a.shard, sha256=shas.get(a.shard, ""), bytes=a.bytes,
                                 source=a.source, source_address=book.address(a.source),

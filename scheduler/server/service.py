@@ -262,7 +262,7 @@ def finish_job(s: Session, now: float, job: Job, state: JobState, reason: str) -
 def requeue_job(s: Session, now: float, job: Job, reason: str, retry: bool = False) -> None:
     """Put an active job back in the queue after losing a node; fail it past max_restarts, with the
     messages of its earlier requeues.  ``retry``: a retry after a rank failed (``lifecycle.derive``)."""
-    max_restarts = int(job.spec.get("limits", {}).get("max_restarts", 3))
+    max_restarts = job.parsed_spec.limits.max_restarts
     earlier: list[str] = []
     if gives_up(job.restarts, max_restarts):
         earlier = [e.message for e in s.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "job.requeue")
@@ -338,7 +338,7 @@ def job_detail(s: Session, job: Job, with_logs: bool = True) -> dict[str, Any]:
         "attempt": job.attempt,
         "ranks": [{"rank": r.rank, "node": r.node, "devices": r.devices, "state": r.state,
                    "exit_code": r.exit_code, "log_tail": r.log_tail if with_logs else ""} for r in ranks],
-        "rank_count": (job.spec or {}).get("resources", {}).get("ranks", 1),
+        "rank_count": job.parsed_spec.resources.ranks,
         "shards": [{"shard": a.shard, "rank": a.rank, "node": a.node, "source": a.source,
                     "local": a.source == a.node, "bytes": a.bytes, "staged_bytes": a.staged_bytes} for a in assigns],
         "metrics": [by_epoch[e] for e in sorted(by_epoch)],

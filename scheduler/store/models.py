@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from scheduler.core.jobspec import JobSpec, stored
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
 
 
@@ -131,6 +132,16 @@ class Job(Base):
     priority: Mapped[float] = mapped_column(Float, default=0.0)
     explain: Mapped[Any] = mapped_column(JSON, default=dict)  # the last cycle's view of this job
     progress: Mapped[Any] = mapped_column(JSON, default=dict)  # staging / training progress
+
+    @property
+    def parsed_spec(self) -> JobSpec:
+        """The stored ``spec`` as a ``JobSpec`` (``jobspec.stored``: every default in one place), read
+        once per loaded row and again only if ``spec`` is replaced."""
+        cached = self.__dict__.get("_parsed_spec")
+        if cached is None or cached[0] is not self.spec:
+            cached = (self.spec, stored(self.spec))
+            self.__dict__["_parsed_spec"] = cached
+        return cached[1]
 
 
 class Rank(Base):
