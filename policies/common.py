@@ -1,7 +1,9 @@
-"""Small helpers shared by the arbiters: free-device ledgers, fit checks and reason texts.
+"""Small helpers shared by the arbiters: free-device ledgers, fit checks and the reasons they give.
 
 Contract: everything here works on plain data handed in by one ``arbitrate`` call; a
-:class:`FreeLedger` belongs to that call alone and is thrown away with it.
+:class:`FreeLedger` belongs to that call alone and is thrown away with it.  The reason helpers return
+:class:`~scheduler.core.reasons.Reason` values (kind, words, time), so the words of each kind are
+written in one place.
 """
 
 from __future__ import annotations
@@ -9,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.core.placement import Candidate
+from scheduler.core.reasons import FROM, Reason, ReasonKind
+from scheduler.core.reasons import fmt_t as fmt_t  # how reasons print a time; kept here for the arbiters
 from scheduler.core.stage1 import FreeDevices, Stage1Index
-
-
-def fmt_t(t_s: float) -> str:
-    """How reasons print a time: ``t=1030s`` (seconds on the scheduler's clock)."""
-    return f"t={t_s:.0f}s"
 
 
 class FreeLedger:
@@ -75,17 +74,40 @@ class FreeLedger:
             self.total -= d
 
 
-def busy_reason(c: Candidate, free: Mapping[str, int]) -> str | None:
+def busy_reason(c: Candidate, free: Mapping[str, int]) -> Reason | None:
     """Why ``c`` does not fit ``free`` ("devices busy on n2: needs 4, 2 free"), or None if it fits."""
     for n, d in c.device_items():
         have = free.get(n, 0)
         if have < d:
-            return f"devices busy on {n}: needs {d}, {have} free"
+            return Reason(ReasonKind.DEVICES_BUSY, f"devices busy on {n}: needs {d}, {have} free")
     return None
 
 
-def devices_busy(needed: int, free_total: int) -> str:
+def devices_busy(needed: int, free_total: int) -> Reason:
     """The job-level reason when no placement fits: "devices busy: needs 4, 2 free"."""
     if free_total >= needed:
-        return f"devices busy: needs {needed}, {free_total} free but not enough on single nodes"
-    return f"devices busy: needs {needed}, {free_total} free"
+        return Reason(ReasonKind.DEVICES_BUSY,
+                      f"devices busy: needs {needed}, {free_total} free but not enough on single nodes")
+    return Reason(ReasonKind.DEVICES_BUSY, f"devices busy: needs {needed}, {free_total} free")
+
+
+def reserved_for(job_id: int, start_s: float) -> Reason:
+    """Held back by job ``job_id``'s reservation: "reserved for job 12 until t=1030s"."""
+    return Reason(ReasonKind.RESERVED, f"reserved for job {job_id}", start_s)
+
+
+def holds_reservation(busy: Reason, start_s: float) -> Reason:
+    """A job that fits nowhere now and got the reservation: ``busy``'s words, then "; devices reserved
+    for it from t=1030s".  Its kind is ``reserved`` (it waits on a reservation, as the jobs it holds back do)."""
+    return Reason(ReasonKind.RESERVED, f"{busy.message}; devices reserved for it", start_s, FROM)
+
+
+def waiting_for_locality(until_s: float, prefix: str = "") -> Reason:
+    """Delay scheduling: "waiting for locality until t=1030s", after ``prefix`` when given (a
+    candidate's "costs 800 ms > 500 ms: ")."""
+    return Reason(ReasonKind.LOCALITY_WAIT, f"{prefix}waiting for locality", until_s)
+
+
+def not_taken(words: str) -> Reason:
+    """A candidate passed over for another of the same job's ("an earlier candidate fit first")."""
+    return Reason(ReasonKind.OTHER, words)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from policies.common import FreeLedger, devices_busy
+from policies.common import FreeLedger, devices_busy, not_taken
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
@@ -51,7 +51,7 @@ class FairShareArbiter:
                 d.reasons[job.id] = devices_busy(job.devices, ledger.total)
                 continue
             for i, _ in enumerate(candidates.get(job.id, ())):
-                d.candidate_reasons[(job.id, i)] = (
+                d.candidate_reasons[(job.id, i)] = not_taken(
                     "the fairshare baseline ignores data: packed on fewest nodes"
                 )
             ledger.take(chosen)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from policies.common import FreeLedger, busy_reason, devices_busy
+from policies.common import FreeLedger, busy_reason, devices_busy, not_taken
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.core.snapshot import Snapshot
 from scheduler.core.stage1 import Stage1Index, build_index, infeasible_reason, missing_data_reason, propose
 
@@ -37,7 +38,7 @@ class FifoArbiter:
         head: int | None = None
         for job in fifo:
             if head is not None:
-                d.reasons[job.id] = f"behind job {head} in the FIFO queue"
+                d.reasons[job.id] = Reason(ReasonKind.QUEUE_ORDER, f"behind job {head} in the FIFO queue")
                 continue
             why = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
             if why is not None:
@@ -51,7 +52,7 @@ class FifoArbiter:
                 elif busy is not None:
                     d.candidate_reasons[(job.id, i)] = busy
                 else:
-                    d.candidate_reasons[(job.id, i)] = "an earlier candidate fit first"
+                    d.candidate_reasons[(job.id, i)] = not_taken("an earlier candidate fit first")
             if chosen is None and ledger.may_fit(job.ranks, job.devices_per_rank):
                 again = propose(job, snap, cfg, index, free=ledger.free, quick=True)
                 chosen = again[0] if again else None

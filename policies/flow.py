@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from policies.common import FreeLedger, busy_reason, devices_busy
+from policies.common import FreeLedger, busy_reason, devices_busy, not_taken
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
@@ -142,5 +142,5 @@ class FlowArbiter:
             for i, c in enumerate(candidates.get(job.id, ())):
                 if c is chosen:
                     continue
-                d.candidate_reasons[(job.id, i)] = busy_reason(c, ledger.free) or "the flow chose another"
+                d.candidate_reasons[(job.id, i)] = busy_reason(c, ledger.free) or not_taken("the flow chose another")
         return d

@@ -9,8 +9,11 @@ An arbiter receives one cycle's snapshot and every pending job's stage-1 candida
   every gang is whole (a binding is a full candidate);
 - a bound candidate is either one of the job's stage-1 candidates or one the arbiter re-proposed with
   ``scheduler.core.stage1.propose`` over the devices it had left (same cost model, so costs stay honest);
-- ``reasons`` has a plain-words reason for every pending job it leaves unbound, and ``order``,
-  ``factors`` and ``priorities`` cover every pending job.
+- ``reasons`` has a :class:`~scheduler.core.reasons.Reason` for every pending job it leaves unbound:
+  a kind (``ReasonKind``: what metrics and the queue read), plain words without a time, and the
+  scheduler time the words name, if any (``text()`` is the sentence stored in ``Job.reason``); its
+  ``candidate_reasons`` are ``Reason`` values too; ``order``, ``factors`` and ``priorities`` cover
+  every pending job.
 
 ``index`` is the snapshot's :class:`~scheduler.core.stage1.Stage1Index` when the caller has one (it is
 built when omitted).  The interface is ``scheduler.core.decide.Arbiter`` (re-exported here); the core

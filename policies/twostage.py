@@ -36,7 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.common import FreeLedger, busy_reason, devices_busy, fmt_t
+from policies.common import (
+    FreeLedger,
+    busy_reason,
+    devices_busy,
+    holds_reservation,
+    not_taken,
+    reserved_for,
+    waiting_for_locality,
+)
 from scheduler.core.decide import job_shape, relabel
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
@@ -198,9 +206,7 @@ class TwoStageArbiter:
                 if busy is None:
                     fitting.append(c)
                 elif res is not None and long_job and busy_reason(c, ledger.free) is None:
-                    d.candidate_reasons[(job.id, i)] = (
-                        f"reserved for job {res.job_id} until {fmt_t(res.start_s)}"
-                    )
+                    d.candidate_reasons[(job.id, i)] = reserved_for(res.job_id, res.start_s)
                 else:
                     d.candidate_reasons[(job.id, i)] = busy
             if not fitting and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
@@ -224,7 +230,7 @@ class TwoStageArbiter:
                         or propose(job, snap, cfg, index, free=ledger.free, quick=True)
                     )
                 ):
-                    d.reasons[job.id] = f"reserved for job {res.job_id} until {fmt_t(res.start_s)}"
+                    d.reasons[job.id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
                 if res is None:
@@ -232,7 +238,7 @@ class TwoStageArbiter:
                     if res is not None:
                         ledger.hold(res.held)
                         d.reservation = (res.job_id, dict(res.need), res.start_s)
-                        reason += f"; devices reserved for it from {fmt_t(res.start_s)}"
+                        reason = holds_reservation(reason, res.start_s)
                 d.reasons[job.id] = reason
                 continue
 
@@ -246,12 +252,12 @@ class TwoStageArbiter:
                         possible[key] = locality_possible(job, snap, cfg, index)
                     if possible[key]:
                         d.waiting[job.id] = since
-                        d.reasons[job.id] = f"waiting for locality until {fmt_t(until)}"
+                        d.reasons[job.id] = waiting_for_locality(until)
                         for i, c in enumerate(cands):
                             d.candidate_reasons.setdefault(
                                 (job.id, i),
-                                f"costs {c.transfer_cost_ms} ms > {cfg.locality_threshold_ms} ms: "
-                                f"waiting for locality until {fmt_t(until)}",
+                                waiting_for_locality(
+                                    until, f"costs {c.transfer_cost_ms} ms > {cfg.locality_threshold_ms} ms: "),
                             )
                         continue
 
@@ -260,7 +266,7 @@ class TwoStageArbiter:
             bound_ends.append((now + job.time_limit_s, best.devices_by_node()))
             for i, c in enumerate(cands):
                 if c is not best and (job.id, i) not in d.candidate_reasons:
-                    d.candidate_reasons[(job.id, i)] = (
+                    d.candidate_reasons[(job.id, i)] = not_taken(
                         f"another candidate was chosen ({best.transfer_cost_ms} ms, nodes {', '.join(best.nodes)})"
                     )
         return d

@@ -2,12 +2,12 @@
 
 Pure functions of (job summary, ``now``) shared by the rich views (``render``) and ``gsched queue
 --json``, so scripts see the same figures as people.  No rich import here: ``gsched queue --json``
-must start fast.  ``now`` is the server's clock (the view's ``"time"``), never this machine's.
+must start fast (nor ``scheduler.core.reasons``: a summary's ``why`` is read as the plain document
+``Reason.as_dict()`` wrote).  ``now`` is the server's clock (the view's ``"time"``), never this machine's.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from scheduler.core.lifecycle import ACTIVE, JobState
@@ -72,14 +72,21 @@ def eta_s(job: dict[str, Any], now: float) -> float | None:
     return per_epoch * max(0.0, total - done)
 
 
-_T = re.compile(r"(until|from)? ?t=(\d+(?:\.\d+)?)s")
+def relative(at_s: float, at_word: str, now: float) -> str:
+    """A reason's time as a person reads it at ``now``: "until T" -> "for 25s more" ("until now" once
+    past), "from T" -> "in 25s" ("now" once past)."""
+    delta = at_s - now
+    if at_word == "until":
+        return f"for {human_s(delta)} more" if delta > 0 else "until now"
+    return f"in {human_s(delta)}" if delta > 0 else "now"
 
 
 def plain_reason(job: dict[str, Any], now: float) -> str:
     """The one line a person reads in the REASON column; "" when there is nothing to say.
 
-    PENDING: the cycle's reason with scheduler times (``t=1030s``) turned into "in 25s";
-    STAGING: bytes staged so far; finished: why it ended (first line).
+    PENDING: the cycle's reason, its scheduler time (the ``why`` document's ``at_s``, see
+    ``scheduler.core.reasons``) as "in 25s" or "for 25s more" after its message; without a time, its
+    words as stored.  STAGING: bytes staged so far; finished: why it ended (first line).
     """
     state = job["state"]
     if state == JobState.STAGING:
@@ -104,15 +111,10 @@ def plain_reason(job: dict[str, Any], now: float) -> str:
     text = reason[0]
     if state == JobState.PENDING and text == "submitted":
         return "submitted; waiting for the next cycle"
-
-    def relative(m: re.Match[str]) -> str:
-        delta = float(m.group(2)) - now
-        word = m.group(1)
-        if word == "until":
-            return f"for {human_s(delta)} more" if delta > 0 else "until now"
-        return f"in {human_s(delta)}" if delta > 0 else "now"
-
-    return _T.sub(relative, text)
+    why = job.get("why") if state == JobState.PENDING else None
+    if why and why.get("at_s") is not None:
+        return f"{why.get('message', '')} {relative(float(why['at_s']), why.get('at_word', 'until'), now)}"
+    return text
 
 
 def job_facts(job: dict[str, Any], now: float) -> dict[str, Any]:

@@ -446,7 +446,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
                           f"; fair-share factor {doc['factor']:.3f}, queue position "
                           f"{doc.get('queue_position') or '-'} of {doc.get('queue_length') or '-'}"))
     if doc["state"] == _J.PENDING:
-        why = plain_reason({"state": _J.PENDING, "reason": doc.get("pending_reason") or doc.get("reason")}, now)
+        why = plain_reason({"state": _J.PENDING, "reason": doc.get("pending_reason") or doc.get("reason"),
+                            "why": doc.get("why")}, now)
         c.print(f"why pending: {why}")
     else:
         c.print(f"placed with {100 * (doc.get('local_fraction') or 0):.0f}% local reads, "
@@ -464,6 +465,6 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
             t.add_row(str(i), per_node or ",".join(cand["nodes"]), f"{100 * cand['local_fraction']:.0f}%",
                       human_bytes(cand["transfer_bytes"]), f"{cand['transfer_cost_ms']} ms",
                       "yes" if cand["chosen"] else "",
-                      "" if cand["chosen"] else plain_reason({"state": _J.PENDING, "reason": cand.get("reason", "")},
-                                                              now))
+                      "" if cand["chosen"] else plain_reason({"state": _J.PENDING, "reason": cand.get("reason", ""),
+                                                               "why": cand.get("why")}, now))
         c.print(Text(""), t)

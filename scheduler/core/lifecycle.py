@@ -91,6 +91,8 @@ class JobFacts(Protocol):
     def started_at(self) -> float | None: ...
     @property
     def progress(self) -> Any: ...
+    @property
+    def explain(self) -> Any: ...  # the last cycle's explanation (a dict, or None)
 
 
 class RankFacts(Protocol):
@@ -207,7 +209,9 @@ def gives_up(restarts: int, max_restarts: int) -> bool:
 def _requeue(job: JobFacts, to: JobState, reason: str, now: float, *, max_restarts: int,
              earlier: Sequence[str] = (), retry: bool = False) -> list[Effect]:
     """An active job -> PENDING after losing a node or its rendezvous (``reason`` says which); its
-    ranks are stopped, and it waits from ``now`` for a new placement and a new rendezvous port.
+    ranks are stopped, and it waits from ``now`` for a new placement and a new rendezvous port.  Its
+    reason, "requeued: " and ``reason``, is a ``requeued`` one: the words go to ``reason`` and the data
+    to the explanation's ``why`` (the rest of the explanation is kept until the next cycle's report).
 
     Past ``max_restarts`` the move is to FAILED instead, its reason naming the ``earlier`` requeues'
     messages (oldest first).  ``retry``: the requeue is a retry after a rank failed (``derive``), counted
@@ -221,9 +225,15 @@ def _requeue(job: JobFacts, to: JobState, reason: str, now: float, *, max_restar
         if retry:
             effects.append(SetFields({"failures": job.failures + 1, "restarts": job.restarts - 1}))
         return effects
+    # Imported here, not at the top: the CLI imports this module at start, and the reasons' dataclass
+    # would bring dataclasses (inspect, ast) with it.
+    from scheduler.core.reasons import Reason, ReasonKind
+
     restart = job.restarts + 1
-    fields = {"state": to, "reason": f"requeued: {reason}", "restarts": restart, "pending_since": now,
-              "locality_wait_since": None, "master_port": None}
+    why = Reason(ReasonKind.REQUEUED, f"requeued: {reason}")
+    fields = {"state": to, "reason": why.text(), "restarts": restart, "pending_since": now,
+              "locality_wait_since": None, "master_port": None,
+              "explain": {**(job.explain or {}), "why": why.as_dict()}}
     if retry:
         fields |= {"failures": job.failures + 1, "restarts": job.restarts}
     return [StopRanks(), SetFields(fields), Record("job.requeue", f"{reason} (restart {restart})")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from scheduler.core.reasons import Reason
+
 
 @dataclass(frozen=True, slots=True)
 class ShardRead:
@@ -77,8 +79,12 @@ class Decision:
     """The arbiter's answer for one cycle.
 
     ``bindings``: job id -> the chosen candidate (devices never over-committed, gangs whole).
-    ``reasons``: job id -> a plain-words reason for every pending job left unbound.
-    ``candidate_reasons``: (job id, candidate index) -> why that candidate was not taken.
+    ``reasons``: job id -> a :class:`~scheduler.core.reasons.Reason` (kind, words, the time it names)
+    for every pending job left unbound: why the job is still pending, as metrics and the queue read it.
+    ``candidate_reasons``: (job id, candidate index) -> a ``Reason`` too, for why that candidate was not
+    taken.  It explains one candidate in ``gsched explain``, not the job's state: nothing counts these
+    by kind (their kind says what kept the candidate, e.g. ``devices_busy`` on one of its nodes), but
+    their times are data like the job's, so the explanation prints "for 25s more" from ``at_s``.
     ``order``: pending job ids in the order the arbiter took them (by priority, highest first;
     ``twostage`` breaks near-ties by transfer cost); ``factors``: job id -> fair-share factor.
     ``reservation``: (job id, node -> devices, start_s) held for the top job that does not fit, if any.
@@ -88,8 +94,8 @@ class Decision:
     """
 
     bindings: dict[int, Candidate] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
-    candidate_reasons: dict[tuple[int, int], str] = field(default_factory=dict)
+    reasons: dict[int, Reason] = field(default_factory=dict)
+    candidate_reasons: dict[tuple[int, int], Reason] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)
     factors: dict[int, float] = field(default_factory=dict)
     priorities: dict[int, float] = field(default_factory=dict)

@@ -41,6 +41,7 @@ devices keeps local room where it is scarce (``benchmarks/RESULTS.md``, quality)
 
 :func:`infeasible_reason` says whether a job can never run on this cluster (whatever is busy).
 :func:`missing_data_reason` says whether its data cannot be read now (a shard with no live copy).
+Both answer with a :class:`~scheduler.core.reasons.Reason` (its kind and words), or None.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from scheduler.core.costmodel import cost_ms_at
 from scheduler.core.placement import Candidate, ShardRead
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.core.snapshot import JobView, ShardView, Snapshot
 
 
@@ -178,26 +180,30 @@ def build_index(snap: Snapshot, datasets: Iterable[str] | None = None) -> Stage1
     )
 
 
-def infeasible_reason(job: JobView, index: Stage1Index) -> str | None:
-    """Why the job can never run on this cluster even when every device is idle; None if it can."""
+def infeasible_reason(job: JobView, index: Stage1Index) -> Reason | None:
+    """Why the job can never run on this cluster even when every device is idle (a ``too_large``
+    reason; ``other`` for a gang of no devices); None if it can."""
     if job.ranks <= 0 or job.devices_per_rank <= 0:
-        return "a job needs at least one rank of at least one device"
+        return Reason(ReasonKind.OTHER, "a job needs at least one rank of at least one device")
     if job.devices > index.total_devices:
-        return (
+        return Reason(
+            ReasonKind.TOO_LARGE,
             # Only up nodes are in the snapshot (submit already checked every known node), so a job
             # can read this while nodes are down: say so rather than "more than exist".
-            f"more devices than the cluster has up: needs {job.devices}, the up nodes have {index.total_devices}"
+            f"more devices than the cluster has up: needs {job.devices}, the up nodes have {index.total_devices}",
         )
     if job.devices_per_rank > index.max_node_devices:
-        return (
+        return Reason(
+            ReasonKind.TOO_LARGE,
             f"each rank needs {job.devices_per_rank} devices on one node; "
-            f"the largest node has {index.max_node_devices}"
+            f"the largest node has {index.max_node_devices}",
         )
     fit = sum(count * (d // job.devices_per_rank) for d, count in index.device_hist)
     if fit < job.ranks:
-        return (
+        return Reason(
+            ReasonKind.TOO_LARGE,
             f"{job.ranks} ranks of {job.devices_per_rank} devices do not fit on the cluster's nodes "
-            f"(at most {fit} such ranks)"
+            f"(at most {fit} such ranks)",
         )
     return None
 
@@ -210,14 +216,16 @@ def dataset_of(job: JobView, snap: Snapshot, index: Stage1Index) -> DatasetIndex
     return ds if ds is not None else index_dataset(snap, job.dataset, index.contention)
 
 
-def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> str | None:
-    """Why the job's data cannot be read now (a shard without any live copy); None if it can."""
+def missing_data_reason(job: JobView, snap: Snapshot, index: Stage1Index) -> Reason | None:
+    """Why the job's data cannot be read now (a ``data_missing`` reason: a shard without any live
+    copy); None if it can."""
     ds = dataset_of(job, snap, index)
     if ds is None or not ds.missing:
         return None
-    return (
+    return Reason(
+        ReasonKind.DATA_MISSING,
         f"data set {ds.name!r}: {len(ds.missing)} shard(s) have no copy on a live node "
-        f"(first: shard {ds.missing[0]})"
+        f"(first: shard {ds.missing[0]})",
     )
 
 

@@ -7,7 +7,7 @@ of the current state.  Series (the ``_total`` suffix is added by the exposition 
 
 ==========================================  ======================================================
 ``gsched_jobs{state}``                       jobs in each state (every state, 0 included)
-``gsched_jobs_pending_by_reason{reason}``    pending jobs by why they wait (``PENDING_KINDS``)
+``gsched_jobs_pending_by_reason{reason}``    pending jobs by their reason's kind (``PENDING_KINDS``)
 ``gsched_cycle_phase_seconds{phase}``        each phase's duration in the last cycle
 ``gsched_cycle_last_timestamp_seconds``      when the last cycle ran (alert when it stops moving)
 ``gsched_cycles_total``                      cycles recorded
@@ -32,25 +32,27 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.lifecycle import JobState, NodeState, TransferState
+from scheduler.core.reasons import ReasonKind
 from scheduler.store.models import ClusterSample, Event, Job, Node, Transfer
 
 DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
 
 
-PENDING_KINDS = ("new", "devices_busy", "locality_wait", "reserved", "too_large", "data_missing", "queue_order",
-                 "requeued", "other")
+PENDING_KINDS: tuple[ReasonKind, ...] = (
+    ReasonKind.NEW, ReasonKind.DEVICES_BUSY, ReasonKind.LOCALITY_WAIT, ReasonKind.RESERVED, ReasonKind.TOO_LARGE,
+    ReasonKind.DATA_MISSING, ReasonKind.QUEUE_ORDER, ReasonKind.REQUEUED, ReasonKind.OTHER)
+"""The label values of ``gsched_jobs_pending_by_reason``: a few fixed kinds, so the series' cardinality
+stays small and dashboards see stable series.  A pending job's kind is its reason's
+(``explain["why"]["kind"]``, written with ``Job.reason``); a kind not listed here (``bind_failed``,
+whose words the series counted as ``other`` before reasons were data) or none counts as ``other``."""
 
 
-def pending_reason_kind(reason: str) -> str:
-    """A pending reason folded into a few label values, so the series' cardinality stays small."""
-    r = (reason or "").lower()
-    for needle, kind in (("locality", "locality_wait"), ("reserved", "reserved"), ("devices busy", "devices_busy"),
-                         ("more devices than", "too_large"), ("do not fit", "too_large"),
-                         ("largest node", "too_large"), ("no copy", "data_missing"), ("data set", "data_missing"),
-                         ("fifo", "queue_order"), ("submitted", "new"), ("next cycle", "new"), ("requeued", "requeued")):
-        if needle in r:
-            return kind
-    return "other"
+def pending_by_kind(s: Session) -> Counter[str]:
+    """Pending jobs by the kind of their reason, folded into ``PENDING_KINDS``.  Reads the kind out of
+    each pending job's explanation in SQL (one short string a job), never the reason's words."""
+    kind = Job.explain[("why", "kind")].as_string()
+    return Counter(k if k in PENDING_KINDS else ReasonKind.OTHER.value
+                   for k in s.scalars(select(kind).where(Job.state == JobState.PENDING)))
 
 
 def history_rows(s: Session, since: float | None, limit: int) -> list[dict[str, Any]]:
@@ -77,9 +79,9 @@ def collect(s: Session, ctx: Any) -> Iterator[Any]:
     yield jobs
 
     why = GaugeMetricFamily("gsched_jobs_pending_by_reason", "Pending jobs by why they wait", labels=["reason"])
-    kinds = Counter(pending_reason_kind(r) for r in s.scalars(select(Job.reason).where(Job.state == JobState.PENDING)))
-    for kind in PENDING_KINDS:  # every kind, 0 included, so dashboards see stable series
-        why.add_metric([kind], kinds.get(kind, 0))
+    kinds = pending_by_kind(s)
+    for pending_kind in PENDING_KINDS:  # every kind, 0 included, so dashboards see stable series
+        why.add_metric([pending_kind.value], kinds.get(pending_kind, 0))
     yield why
 
     last = s.scalars(select(ClusterSample).order_by(ClusterSample.id.desc()).limit(1)).first()

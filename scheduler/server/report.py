@@ -3,6 +3,9 @@
 
 An explanation is what ``gsched explain`` shows: the job's factor, priority and queue position, its
 candidates with their costs and why each was or was not chosen, the reservation, and its reason.
+Each reason is stored twice: as its words (``"reason"``: the sentence people read, and for a pending
+job the ``Job.reason`` column) and as data (``"why"``: ``Reason.as_dict()``, its kind, message and time;
+None where there is no reason, as for a bound job or its chosen candidate).  Readers use the data.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.lifecycle import ACTIVE, JobState
 from scheduler.core.placement import Candidate, Decision
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.core.snapshot import Snapshot
 from scheduler.server.cyclestate import CycleMemory, CycleReport
 from scheduler.store.binder import busy_devices
@@ -29,6 +33,9 @@ from scheduler.store.models import ClusterSample, Job
 EXPLAIN_REFRESH_S = 60.0
 REPORT_CHUNK = 250
 
+# A pending job the arbiter gave no reason (the contract says it always does).
+UNDECIDED = Reason(ReasonKind.NEW, "waiting for the next cycle")
+
 
 def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int, list[Candidate]],
                  decision: Decision, report: CycleReport, memory: CycleMemory, leader: str = "") -> int:
@@ -37,8 +44,10 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
     executemany UPDATEs by id rather than one ORM object per job.
 
     A job the arbiter chose but whose bind failed (``report.refused``) is explained as still pending:
-    its reason, and its chosen candidate's, is "bind failed: " and why.  ``memory.explained`` holds
-    what each pending job's stored explanation says, and is replaced by this cycle's."""
+    its reason, and its chosen candidate's, is a ``bind_failed`` one, "bind failed: " and why.  For
+    every job still pending the reason's words go to ``Job.reason`` and its data to ``explain["why"]``,
+    in the same transaction, so the two always say the same.  ``memory.explained`` holds what each
+    pending job's stored explanation says, and is replaced by this cycle's."""
     position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
     reservation = _reservation(decision)
     last = memory.explained
@@ -48,18 +57,21 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
         chosen = decision.bindings.get(jv.id)
         failed = report.refused.get(jv.id)
         bound = chosen if failed is None else None  # the candidate the job is bound to now
-        refusal = "" if failed is None else f"bind failed: {failed}"
+        refusal = None if failed is None else Reason(ReasonKind.BIND_FAILED, f"bind failed: {failed}")
         cands = []
         for i, c in enumerate(candidates.get(jv.id, [])):
-            why = "chosen" if c is bound else refusal if c is chosen else decision.candidate_reasons.get((jv.id, i), "")
+            why = None if c is bound else refusal if c is chosen else decision.candidate_reasons.get((jv.id, i))
             cands.append({"nodes": list(c.nodes), "ranks_per_node": {n: k // max(1, c.devices_per_rank)
                                                                        for n, k in c.devices_by_node().items()},
                           "local_fraction": round(c.local_fraction, 4), "transfer_bytes": c.transfer_bytes,
-                          "transfer_cost_ms": c.transfer_cost_ms, "chosen": c is bound, "reason": why})
+                          "transfer_cost_ms": c.transfer_cost_ms, "chosen": c is bound,
+                          "reason": "chosen" if c is bound else "" if why is None else why.text(),
+                          "why": None if why is None else why.as_dict()})
         if bound is not None:
-            reason = ""
+            reason = None
         else:
-            reason = refusal or decision.reasons.get(jv.id, "waiting for the next cycle")
+            reason = refusal or decision.reasons.get(jv.id, UNDECIDED)
+        text = "" if reason is None else reason.text()
         what = repr((reason, position.get(jv.id), cands, reservation))
         prev = last.get(jv.id)
         if prev is not None and prev[0] == what and now - prev[1] < EXPLAIN_REFRESH_S:
@@ -69,10 +81,12 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
         factor = float(decision.factors.get(jv.id, 1.0))
         priority = float(decision.priorities.get(jv.id, 0.0))
         explained.append({"_id": jv.id, "factor": factor, "priority": priority, "pending": bound is None,
-                          "reason": reason,
+                          "reason": text,
                           "explain": {"time": now, "factor": factor, "priority": priority,
                                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
-                                      "candidates": cands, "reason": reason or "bound", "reservation": reservation}})
+                                      "candidates": cands, "reason": text or "bound",
+                                      "why": None if reason is None else reason.as_dict(),
+                                      "reservation": reservation}})
     memory.explained = kept  # jobs no longer pending are forgotten
     table = cast(Table, Job.__table__)
     for at in range(0, len(explained), REPORT_CHUNK):

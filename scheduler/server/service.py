@@ -27,6 +27,7 @@ from scheduler.core.lifecycle import (
     TransferState,
     gives_up,
 )
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
 from scheduler.store.effects import move, record
 from scheduler.store.models import (
@@ -182,6 +183,9 @@ def cluster_limits(s: Session) -> tuple[int, int]:
     return value
 
 
+SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its first cycle
+
+
 def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
@@ -207,9 +211,9 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     if need > total:
         raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
                             f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
-    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason="submitted",
+    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=SUBMITTED.text(),
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
-              explain={}, progress={})
+              explain={"why": SUBMITTED.as_dict()}, progress={})
     if client_request_id is not None:
         # Two retries racing: the unique (user, client_request_id) lets only one insert win.
         from sqlalchemy.exc import IntegrityError
@@ -290,9 +294,23 @@ def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list
             for j in sorted(jobs, key=lambda j: j.id)]
 
 
+def pending_why(j: Job) -> dict[str, Any] | None:
+    """A pending job's reason as data (``Reason.as_dict()``: kind, message, at_s, at_word), the same
+    reason whose words are ``j.reason``; None for a job that is not pending (its explanation's reason
+    is then a past one) or that has none stored."""
+    if j.state != JobState.PENDING:
+        return None
+    why = (j.explain or {}).get("why")
+    return why if isinstance(why, dict) else None
+
+
 def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
+    """One job as ``GET /v1/jobs`` lists it.  ``reason`` is its reason's words; for a pending job
+    ``why`` is that reason as data (``pending_why``), and ``reason_kind`` and ``reason_at_s`` its kind
+    and the scheduler time it names (None when not pending, or naming no time)."""
     spec = j.spec or {}
     res = spec.get("resources", {})
+    why = pending_why(j)
     return {
         "id": j.id,
         "name": j.name,
@@ -314,6 +332,9 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "epochs_done": epochs_done,
         "restarts": j.restarts,
         "reason": j.reason,
+        "reason_kind": why["kind"] if why else None,
+        "reason_at_s": why.get("at_s") if why else None,
+        "why": why,
         "progress": j.progress or {},
     }
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from scheduler.core.fairshare import decay, factor
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.auth import Identity
-from scheduler.server.service import node_rows, queue_rows
+from scheduler.server.service import node_rows, pending_why, queue_rows
 from scheduler.store.models import Event, Job, Usage, User
 
 
@@ -34,10 +34,16 @@ def queue_view(s: Session, now: float, policy: PolicyConfig, include_done: bool 
 
 
 def explain_view(s: Session, job: Job) -> dict[str, Any]:
+    """``gsched explain``: the last cycle's explanation of ``job``.  ``reason`` is the job's reason now
+    and ``pending_reason`` the last cycle's words; ``why`` (with ``reason_kind`` and ``reason_at_s``)
+    is the job's reason as data while it is pending (``service.pending_why``), else None.  Each
+    candidate has its ``reason`` words and, as data, its ``why``."""
     ex = job.explain or {}
+    why = pending_why(job)
     return {"job": job.id, "state": job.state, "user": job.user, "factor": ex.get("factor", job.factor),
             "priority": ex.get("priority", job.priority), "queue_position": ex.get("queue_position"),
             "queue_length": ex.get("queue_length"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
+            "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
             "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
             "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}

@@ -9,6 +9,7 @@ from policies.registry import ARBITERS, get_arbiter
 from scheduler.core.decide import decide
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason
 from scheduler.core.snapshot import Snapshot
 from tests.builders import cluster, job
 
@@ -18,6 +19,11 @@ NO_WAIT = PolicyConfig(locality_wait_s=0)
 def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
     """``decide()`` with the arbiter ``cfg`` names, looked up in the registry as the cycle does."""
     return decide(snap, cfg, get_arbiter(cfg.arbiter))
+
+
+def texts(reasons: dict[int, Reason]) -> dict[int, str]:
+    """The reasons' sentences, as ``Job.reason`` stores them."""
+    return {job_id: r.text() for job_id, r in reasons.items()}
 
 
 def bound_nodes(decision) -> dict[int, dict[str, int]]:
@@ -68,7 +74,7 @@ def test_lower_usage_user_goes_first() -> None:
     assert d.factors == {1: 0.25, 2: 1.0}
     assert bound_nodes(d) == {2: {"a": 1}}
     # alice's job is next: reserved from when bob's ends by its time limit (5 + 3600)
-    assert d.reasons == {1: "devices busy: needs 1, 0 free; devices reserved for it from t=3605s"}
+    assert texts(d.reasons) == {1: "devices busy: needs 1, 0 free; devices reserved for it from t=3605s"}
 
 
 def locality_snapshot(now_s: float, waiting_since_s: float | None = 100, pending_since_s: float = 100):
@@ -87,7 +93,7 @@ def locality_snapshot(now_s: float, waiting_since_s: float | None = 100, pending
 def test_locality_wait_holds_the_job_until_one_second_before_the_deadline() -> None:
     _, d = decided(locality_snapshot(129), PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
     assert d.bindings == {}
-    assert d.reasons == {1: "waiting for locality until t=130s"}
+    assert texts(d.reasons) == {1: "waiting for locality until t=130s"}
     assert d.waiting == {1: 100}  # the wait's start, unchanged
 
 
@@ -106,10 +112,10 @@ def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_
     _, d = decided(locality_snapshot(5000, waiting_since_s=None), cfg)
     assert d.bindings == {}
     assert d.waiting == {1: 5000}
-    assert d.reasons == {1: "waiting for locality until t=5030s"}
+    assert texts(d.reasons) == {1: "waiting for locality until t=5030s"}
     # The caller keeps that start: later cycles wait until 5030 and then take b.
     _, d = decided(locality_snapshot(5029, waiting_since_s=5000), cfg)
-    assert d.reasons == {1: "waiting for locality until t=5030s"} and d.waiting == {1: 5000}
+    assert texts(d.reasons) == {1: "waiting for locality until t=5030s"} and d.waiting == {1: 5000}
     _, d = decided(locality_snapshot(5030, waiting_since_s=5000), cfg)
     assert bound_nodes(d) == {1: {"b": 1}}
 
@@ -158,14 +164,14 @@ def test_reserved_big_gang_starts_before_later_small_jobs_that_would_delay_it() 
     _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig())
     assert d.order == [1, 2, 3]
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
-    assert d.reasons[1] == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
-    assert d.reasons[2] == "reserved for job 1 until t=1000s"
+    assert d.reasons[1].text() == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
+    assert d.reasons[2].text() == "reserved for job 1 until t=1000s"
     assert bound_nodes(d) == {3: {"n2": 4}}  # backfilled: ends at 2 + 500 = 502 <= 1000
     # At t=1000 job 9 and job 3 are gone: the big gang starts first, job 2 still waits.
     _, d = decided(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
     assert bound_nodes(d) == {1: {"n1": 4, "n2": 4}}
     # job 2 is now the first that does not fit: it gets the reservation, from 1000 + 3600
-    assert d.reasons[2] == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
+    assert d.reasons[2].text() == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
 
 
 def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
@@ -191,14 +197,14 @@ def test_never_a_partial_gang() -> None:
     for name in ARBITERS:
         _, d = decided(snap, PolicyConfig(arbiter=name))
         assert d.bindings == {}, name
-        assert d.reasons[1] == "devices busy: needs 3, 2 free", name
+        assert d.reasons[1].text() == "devices busy: needs 3, 2 free", name
 
 
 def test_a_job_bigger_than_the_cluster_says_so() -> None:
     snap = cluster().node("a").pending(job(1, ranks=5)).build()
     for name in ARBITERS:
         _, d = decided(snap, PolicyConfig(arbiter=name))
-        assert d.reasons[1] == "more devices than the cluster has up: needs 5, the up nodes have 4", name
+        assert d.reasons[1].text() == "more devices than the cluster has up: needs 5, the up nodes have 4", name
 
 
 def test_jobs_whose_candidates_collide_are_placed_elsewhere() -> None:
@@ -221,7 +227,7 @@ def test_fifo_stops_at_a_head_that_does_not_fit() -> None:
     )
     _, d = decided(snap, PolicyConfig(arbiter="fifo"))
     assert d.bindings == {}
-    assert d.reasons == {1: "devices busy: needs 4, 2 free", 2: "behind job 1 in the FIFO queue"}
+    assert texts(d.reasons) == {1: "devices busy: needs 4, 2 free", 2: "behind job 1 in the FIFO queue"}
 
 
 def test_fairshare_baseline_ignores_data() -> None:
@@ -287,7 +293,7 @@ def test_ties_in_priority_go_to_the_job_that_reads_locally() -> None:
     # job 1 would stage e from b: job 2 goes first and job 1 waits for a device
     assert d.order == [2, 1]
     assert bound_nodes(d) == {2: {"a": 1}} and d.bindings[2].transfer_cost_ms == 0
-    assert d.reasons[1].startswith("devices busy")
+    assert d.reasons[1].text().startswith("devices busy")
     assert d.priorities[1] > d.priorities[2]  # priorities themselves are untouched
 
 
@@ -324,7 +330,7 @@ def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> 
     # reserves a from t=500, and job 2 (one hour) may not take the reserved device
     assert d.order == [1, 2]
     assert d.reservation == (1, {"a": 2}, 500.0)
-    assert d.bindings == {} and d.reasons[2] == "reserved for job 1 until t=500s"
+    assert d.bindings == {} and d.reasons[2].text() == "reserved for job 1 until t=500s"
 
 
 def test_a_job_that_stages_anyway_leaves_the_only_local_room_of_another_data_set() -> None:

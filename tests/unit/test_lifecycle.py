@@ -43,6 +43,7 @@ class J:
     started_at: float | None = None
     progress: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    explain: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,10 +170,15 @@ def test_a_cancel_ends_the_job_and_is_recorded_in_the_canceller_s_name(old: str)
 
 @pytest.mark.parametrize("old", ["BOUND", "STAGING", "RUNNING"])
 def test_a_requeue_stops_the_ranks_and_counts_a_restart(old: str) -> None:
-    assert plan(J(old, restarts=1), JobState.PENDING, "node n2 is down", NOW, max_restarts=3) == [
+    # The last cycle's explanation is kept; its "why" becomes the requeue's reason as data.
+    last = {"queue_position": 1, "reason": "bound", "why": None}
+    assert plan(J(old, restarts=1, explain=last), JobState.PENDING, "node n2 is down", NOW, max_restarts=3) == [
         StopRanks(),
         SetFields({"state": "PENDING", "reason": "requeued: node n2 is down", "restarts": 2, "pending_since": NOW,
-                   "locality_wait_since": None, "master_port": None}),
+                   "locality_wait_since": None, "master_port": None,
+                   "explain": {"queue_position": 1, "reason": "bound",
+                               "why": {"kind": "requeued", "message": "requeued: node n2 is down", "at_s": None,
+                                       "at_word": "until"}}}),
         Record("job.requeue", "node n2 is down (restart 2)"),
     ]
 
@@ -195,6 +201,9 @@ def test_a_retry_counts_a_failure_not_a_restart() -> None:
         StopRanks(),
         SetFields({"state": "PENDING", "reason": "requeued: rank 0 on n1 exited with code 1; retry 1 of 2",
                    "restarts": 1, "pending_since": NOW, "locality_wait_since": None, "master_port": None,
+                   "explain": {"why": {"kind": "requeued",
+                                       "message": "requeued: rank 0 on n1 exited with code 1; retry 1 of 2",
+                                       "at_s": None, "at_word": "until"}},
                    "failures": 1}),
         Record("job.requeue", "rank 0 on n1 exited with code 1; retry 1 of 2 (restart 2)"),
     ]

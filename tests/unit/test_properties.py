@@ -113,4 +113,4 @@ def test_invariants_hold_for_every_arbiter(snap: Snapshot, arbiter: str, wait: f
         assert count <= snap.nodes[n].free, f"{arbiter}: node {n} given {count}, {snap.nodes[n].free} free"
     assert sorted(d.order) == sorted(jobs)
     assert set(d.reasons) == set(jobs) - set(d.bindings)
-    assert all(d.reasons.values())
+    assert all(r.text() for r in d.reasons.values())

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from scheduler.cli.queuefacts import eta_s, job_facts, plain_reason
 from scheduler.cli.render import QueueView, explain, fit_columns, job_detail
+from scheduler.core.reasons import FROM, Reason, ReasonKind
 
 T = 1_700_000_000.0  # 22:13:20 UTC
 GB, MB = 1_000_000_000, 1_000_000
@@ -28,14 +29,19 @@ GB, MB = 1_000_000_000, 1_000_000
 def job(id: int, name: str, user: str, state: str, *, ranks: int = 2, per_rank: int = 1, nodes: tuple[str, ...] = (),
         age_s: float = 0, started_s: float | None = None, ended_s: float | None = None, epochs: int = 3,
         done: int = 0, reason: str = "", local: float = 0.0, factor: float = 0.5, restarts: int = 0,
-        progress: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A job summary as ``GET /v1/jobs`` returns it; ``*_s`` are seconds before T."""
+        progress: dict[str, Any] | None = None, why: Reason | None = None) -> dict[str, Any]:
+    """A job summary as ``GET /v1/jobs`` returns it; ``*_s`` are seconds before T.  A pending job's
+    reason given as ``why`` (data) is also its ``reason`` (``why.text()``)."""
+    if why is not None:
+        reason = why.text()
     return {"id": id, "name": name, "user": user, "state": state, "ranks": ranks, "gpus_per_rank": per_rank,
             "dataset": "digits", "nodes": list(nodes), "local_fraction": local, "transfer_bytes": 0,
             "factor": factor, "priority": factor, "submitted_at": T - age_s, "pending_since": T - age_s,
             "started_at": None if started_s is None else T - started_s,
             "ended_at": None if ended_s is None else T - ended_s, "epochs": epochs, "epochs_done": done,
-            "restarts": restarts, "reason": reason, "progress": progress or {}}
+            "restarts": restarts, "reason": reason, "progress": progress or {},
+            "reason_kind": None if why is None else why.kind.value, "reason_at_s": None if why is None else why.at_s,
+            "why": None if why is None else why.as_dict()}
 
 
 def node(name: str, rack: str, *, up: bool = True, devices: int = 4, free: int = 0, seen_s: float = 1,
@@ -60,9 +66,9 @@ def queue_state() -> dict[str, Any]:
             nodes=("node-a1", "node-a2", "node-b1", "node-b2"), age_s=200, started_s=30, epochs=10, local=0.5,
             restarts=1, progress={"staging": staging}),
         job(5, "probe", "carol", "PENDING", age_s=95, epochs=1, factor=0.25,
-            reason=f"devices busy: needs 2, 0 free; devices reserved for it from t={T + 125:.0f}s"),
+            why=Reason(ReasonKind.RESERVED, "devices busy: needs 2, 0 free; devices reserved for it", T + 125, FROM)),
         job(6, "wait-local", "alice", "PENDING", ranks=1, age_s=10, factor=0.8123,
-            reason=f"waiting for locality until t={T + 20:.0f}s"),
+            why=Reason(ReasonKind.LOCALITY_WAIT, "waiting for locality", T + 20)),
     ]
     users = [{"user": "alice", "shares": 2.0, "norm_shares": 0.5, "usage": 5400.0, "factor": 0.8123},
              {"user": "bob", "shares": 1.0, "norm_shares": 0.25, "usage": 7200.0, "factor": 0.5},
@@ -200,7 +206,8 @@ def test_fit_columns_drops_in_order_and_gives_the_reason_the_rest() -> None:
 
 
 def test_plain_reason_turns_scheduler_times_into_durations() -> None:
-    pending = job(9, "x", "alice", "PENDING", reason=f"waiting for locality until t={T + 90:.0f}s")
+    pending = job(9, "x", "alice", "PENDING", why=Reason(ReasonKind.LOCALITY_WAIT, "waiting for locality", T + 90))
+    assert pending["reason"] == f"waiting for locality until t={T + 90:.0f}s"  # the words stored, as before
     assert plain_reason(pending, T) == "waiting for locality for 1m30s more"
     assert plain_reason(pending, T + 100) == "waiting for locality until now"
     assert plain_reason(job(9, "x", "a", "PENDING", reason="submitted"), T) == "submitted; waiting for the next cycle"
@@ -262,15 +269,21 @@ def test_show_has_every_section(utc: None) -> None:
 
 
 def test_explain_prints_reason_and_candidates(utc: None) -> None:
+    why = Reason(ReasonKind.LOCALITY_WAIT, "waiting for locality", T + 20)
+    cand_why = Reason(ReasonKind.LOCALITY_WAIT, "costs 800 ms > 500 ms: waiting for locality", T + 20)
     doc = {"job": 5, "user": "carol", "state": "PENDING", "factor": 0.25, "queue_position": 2, "queue_length": 3,
            "reason": "", "pending_reason": f"waiting for locality until t={T + 20:.0f}s", "decided_at": T,
+           "why": why.as_dict(), "reason_kind": "locality_wait", "reason_at_s": T + 20,
            "reservation": None, "transfer_bytes": 0, "local_fraction": 0.0,
            "candidates": [{"nodes": ["n1", "n2"], "ranks_per_node": {"n1": 1, "n2": 1}, "local_fraction": 0.5,
                            "transfer_bytes": GB, "transfer_cost_ms": 800, "chosen": False,
-                           "reason": f"costs 800 ms > 500 ms: waiting for locality until t={T + 20:.0f}s"}]}
+                           "reason": f"costs 800 ms > 500 ms: waiting for locality until t={T + 20:.0f}s",
+                           "why": cand_why.as_dict()}]}
+    assert (why.text(), cand_why.text()) == (doc["pending_reason"], doc["candidates"][0]["reason"])
     out = screen_of(lambda c: explain(doc, c), 120)
     assert "why pending: waiting for locality for 20s more" in out
     assert "n1x1,n2x1" in out and "800 ms" in out and "costs 800 ms > 500 ms" in out
+    assert f"t={T + 20:.0f}s" not in out  # the candidate's time too is read from its data, as a duration
 
 
 def screen_of(draw: Any, width: int) -> str:

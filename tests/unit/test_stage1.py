@@ -9,6 +9,7 @@ from policies.registry import ARBITERS
 from scheduler.core.costmodel import reads_cost_ms
 from scheduler.core.decide import decide
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.core.stage1 import build_index, infeasible_reason, missing_data_reason, propose, propose_packed
 from tests.builders import GB, cluster, job
 
@@ -154,14 +155,14 @@ def test_only_free_devices_and_whole_ranks() -> None:
 )
 def test_jobs_that_can_never_run(the_job, reason: str) -> None:
     snap = cluster().node("a").node("b").node("c", devices=2).pending(the_job).build()
-    assert infeasible_reason(the_job, build_index(snap)) == reason
+    assert infeasible_reason(the_job, build_index(snap)) == Reason(ReasonKind.TOO_LARGE, reason)
     assert propose(the_job, snap, CFG) == []
 
 
 def test_missing_data_is_reported() -> None:
     snap = cluster().node("a").dataset("d", shards=2).pending(job(1, dataset="d")).build()
-    assert missing_data_reason(snap.pending[0], snap, build_index(snap)) == (
-        "data set 'd': 2 shard(s) have no copy on a live node (first: shard 0)"
+    assert missing_data_reason(snap.pending[0], snap, build_index(snap)) == Reason(
+        ReasonKind.DATA_MISSING, "data set 'd': 2 shard(s) have no copy on a live node (first: shard 0)"
     )
     assert propose(snap.pending[0], snap, CFG) == []
 
