@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.lifecycle import JobState, NodeState, TransferState
 from scheduler.core.reasons import ReasonKind
+from scheduler.server.views import share_rows
 from scheduler.store.models import ClusterSample, Event, Job, Node, Transfer
 
 DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
@@ -68,8 +69,6 @@ def history_rows(s: Session, since: float | None, limit: int) -> list[dict[str, 
 def collect(s: Session, ctx: Any) -> Iterator[Any]:
     """The metric families, read from the database now (one consistent-enough look per scrape)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    from scheduler.server.views import share_rows
 
     now = ctx.clock.now()
     jobs = GaugeMetricFamily("gsched_jobs", "Jobs by state", labels=["state"])

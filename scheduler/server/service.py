@@ -42,6 +42,7 @@ from scheduler.store.models import (
     Node,
     Rank,
     Replica,
+    Setting,
     Shard,
     ShardAssignment,
     Transfer,
@@ -52,8 +53,6 @@ USER_NAME_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
 
 
 def get_setting(s: Session, key: str, make: Any = None) -> str | None:
-    from scheduler.store.models import Setting
-
     row = s.get(Setting, key)
     if row is None and make is not None:
         row = Setting(key=key, value=make())
