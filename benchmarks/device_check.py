@@ -196,11 +196,9 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 def free_port() -> int:
-    import socket
+    from scheduler.cli.localcluster import free_port as take
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return take()
 
 
 # ----------------------------------------------------------------------------------------------- data

@@ -10,7 +10,6 @@ import atexit
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.ports import RendezvousPorts
 from scheduler.core.lifecycle import NodeState
 from scheduler.protocol.http import Client
 
+# Ports for the servers (and other listeners) this process starts, taken as agents take rendezvous
+# ports (agents/ports.py): from a range below Linux's ephemeral one, checked bindable, never handed out
+# twice by this process, each process starting at its own place.  A port found by binding port 0 and
+# letting it go could be drawn by any outgoing connection on the machine before the server binds it.
+FREE_PORTS = RendezvousPorts(30400, 31599, start=os.getpid())
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    port = FREE_PORTS.take(object())
+    if port is None:
+        raise RuntimeError(f"no free port in {FREE_PORTS}")
+    return port
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from agents.dataserver import DataServer
 from agents.launcher import RankRunner
 from agents.shardfile import MAGIC
 from agents.staging import ShardFlights
+from scheduler.cli.localcluster import free_port
 from scheduler.protocol.messages import Assignment
 
 KEY = "k" * 64
@@ -66,9 +66,7 @@ def peers(tmp_path: Path) -> Iterator[dict[str, Any]]:
         servers.append(srv)
         addresses[name] = f"127.0.0.1:{srv.port}"
         addresses["servers"][name] = srv
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        addresses["dead"] = f"127.0.0.1:{s.getsockname()[1]}"  # closed once the block ends
+    addresses["dead"] = f"127.0.0.1:{free_port()}"  # nothing listens there
     yield addresses
     for srv in servers:
         srv.stop()

@@ -5,7 +5,6 @@ a fixed status and body and count what they were asked."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from agents.agent import Agent, ServerUnavailable
+from scheduler.cli.localcluster import free_port
 from scheduler.protocol.http import Client, ServerError, Servers, send
 
 
@@ -60,9 +60,7 @@ def servers() -> Iterator[Any]:
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once the block ends
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there, and nothing of ours will
 
 
 def test_the_cli_fails_over_past_a_dead_server_and_a_5xx_and_stays_on_the_one_that_answered(servers) -> None:  # type: ignore[no-untyped-def]

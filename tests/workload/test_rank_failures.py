@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.rankfail import rendezvous_failure
+from scheduler.cli.localcluster import free_port  # from a range no outgoing connection draws
 
 SCRIPT = """
 import datetime, sys
@@ -21,10 +22,6 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_rank(tmp_path: Path, port: int, rank: int, world: int, timeout_s: float = 3.0) -> str:
@@ -39,12 +36,11 @@ def run_rank(tmp_path: Path, port: int, rank: int, world: int, timeout_s: float 
 
 
 def test_a_store_port_taken_by_another_process_is_a_rendezvous_failure(tmp_path: Path) -> None:
-    port = free_port()
-    with socket.socket() as squatter:
+    with socket.socket() as squatter:  # bound first, then its port handed to the rank: no window
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("0.0.0.0", port))
+        squatter.bind(("0.0.0.0", 0))
         squatter.listen()
-        text = run_rank(tmp_path, port, rank=0, world=1)
+        text = run_rank(tmp_path, squatter.getsockname()[1], rank=0, world=1)
     sign = rendezvous_failure(text)
     assert sign is not None and "EADDRINUSE" in sign, text[-2000:]
 

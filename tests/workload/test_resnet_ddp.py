@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ import torch
 from agents.datasets import make_shards
 from agents.shardfile import iter_shard, shard_path
 from agents.workloads.resnet_ddp.train import REFERENCE_BATCH, lr_factor, scaled_lr
+from scheduler.cli.localcluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and learnable: 4 classes of 8x8 RGB images; 2 shards of 120, so each rank trains on 108.
 TINY = "synthetic:classes=4,samples=240,size=8,seed=3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(
