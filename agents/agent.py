@@ -9,10 +9,10 @@ after a crash stops the ranks its predecessor left behind, so a returning node n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -60,10 +60,10 @@ class Agent:
         self.scrub_interval_s = scrub_interval_s
         self.net_iface = net_iface
         self._threads = threads_per_rank
-        # Each node starts at its own place in the range: agents sharing a host (tests, the demo) that
-        # were given the same range then rarely meet; each should still get its own range.
+        # Each agent starts at its own place in the range: agents sharing a host that were given the same
+        # range then rarely meet (each should still get its own range: docs/agents-systemd.md).
         first, last = parse_range(rendezvous_ports)
-        self.ports = RendezvousPorts(first, last, start=int(hashlib.sha1(node.encode()).hexdigest()[:8], 16))
+        self.ports = RendezvousPorts(first, last, start=secrets.randbelow(last - first + 1))
         self.rendezvous_wait_s = rendezvous_wait_s
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)

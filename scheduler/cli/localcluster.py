@@ -44,14 +44,26 @@ class NodeSpec:
     host: str = "127.0.0.1"  # address the agent binds and advertises
     netns: str | None = None  # run the agent inside this network namespace (multi-host tests)
     iface: str | None = None  # interface the ranks use for gloo/NCCL
-    rendezvous_ports: str | None = None  # default: a range of its own (RENDEZVOUS_BASE + RENDEZVOUS_EACH * i)
+    rendezvous_ports: str | None = None  # default: a block of its own (rendezvous_block())
     rendezvous_wait_s: float | None = None
 
 
 # The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
-# hand it out, and another agent could hand it out too before the rank binds it): each gets its own.
+# hand it out, and another agent could hand it out too before the rank binds it): each gets a block of
+# its own, from 29500-30399, the next free block of this process; a process starts at its own block,
+# so clusters of two test runs on one machine use different ports too.
 RENDEZVOUS_BASE = 29500
 RENDEZVOUS_EACH = 50
+RENDEZVOUS_BLOCKS = 18
+_next_block = os.getpid() % RENDEZVOUS_BLOCKS
+
+
+def rendezvous_block() -> str:
+    """The next block of rendezvous ports for an agent this process starts, as ``FIRST-LAST``."""
+    global _next_block
+    first = RENDEZVOUS_BASE + RENDEZVOUS_EACH * _next_block
+    _next_block = (_next_block + 1) % RENDEZVOUS_BLOCKS
+    return f"{first}-{first + RENDEZVOUS_EACH - 1}"
 
 
 class LocalCluster:
@@ -123,11 +135,11 @@ class LocalCluster:
         return self.root / "nodes" / node
 
     def rendezvous_ports(self, node: str) -> str:
+        """The node's range: its own, or a block given once and kept (a restarted agent keeps it)."""
         spec = self.nodes[node]
-        if spec.rendezvous_ports:
-            return spec.rendezvous_ports
-        first = RENDEZVOUS_BASE + RENDEZVOUS_EACH * list(self.nodes).index(node)
-        return f"{first}-{first + RENDEZVOUS_EACH - 1}"
+        if not spec.rendezvous_ports:
+            spec.rendezvous_ports = rendezvous_block()
+        return spec.rendezvous_ports
 
     def start_agent(self, node: str) -> None:
         spec = self.nodes[node]
