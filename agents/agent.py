@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.dataserver import DataServer, checkpoint_path
-from agents.inventory import ShardInventory, cpu_count, detect_devices, free_bytes
+from agents.devices import Devices
+from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
@@ -54,7 +55,8 @@ class Agent:
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / ".gsched").mkdir(exist_ok=True)
-        self.devices = detect_devices(gpus)
+        self.device_source = Devices(gpus)
+        self.devices = self.device_source.poll()
         self.device_kind = self.devices[0]["kind"] if self.devices else "cpu"
         self.heartbeat_s = heartbeat_s
         self.scrub_interval_s = scrub_interval_s
@@ -205,6 +207,7 @@ class Agent:
     # ------------------------------------------------------------ the loop
     def heartbeat(self) -> HeartbeatReply:
         now = time.monotonic()
+        self.devices = self.device_source.poll()  # health may change between heartbeats (ECC, XID)
         body: dict[str, Any] = {"node": self.node, "rack": self.rack, "address": self.address,
                                 "incarnation": self.incarnation, "devices": self.devices,
                                 "free_bytes": free_bytes(self.data_dir)}

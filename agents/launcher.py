@@ -335,6 +335,9 @@ class RankRunner(threading.Thread):
         if self.agent.net_iface:  # which interface gloo and NCCL bind on multi-homed hosts
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.agent.net_iface
         if self.agent.device_kind == "cuda":
+            # NVML (the agent's inventory) numbers devices in PCI bus order; CUDA's default is fastest
+            # first. With this, index i means the same device to the agent, the server and the rank.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a.devices)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""

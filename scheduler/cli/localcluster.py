@@ -40,7 +40,7 @@ def free_port() -> int:
 class NodeSpec:
     name: str
     rack: str = "rack0"
-    gpus: int = 1
+    gpus: int | str = 1  # a count of CPU devices, or "auto" (NVML)
     host: str = "127.0.0.1"  # address the agent binds and advertises
     netns: str | None = None  # run the agent inside this network namespace (multi-host tests)
     iface: str | None = None  # interface the ranks use for gloo/NCCL

@@ -192,8 +192,13 @@ def share_table(users: list[dict[str, Any]], ascii_only: bool = False) -> Table:
 
 
 NODE_HEADERS = {"NODE": "NODE", "RACK": "RACK", "STATE": "STATE", "DEVICES": "DEVICES BUSY", "SHARDS": "SHARDS",
-                "STAGED": "STAGED IN", "SEEN": "HEARTBEAT"}
+                "STAGED": "STAGED IN", "SEEN": "HEARTBEAT", "NOTE": "NOTE"}
 NODE_DROP_ORDER = ("RACK", "STAGED", "SHARDS", "SEEN")
+
+
+def node_note(n: dict[str, Any]) -> str:
+    """Why some of a node's devices are not offered: ``device 1: XID 79 (device fault)``."""
+    return "; ".join(f"device {d['index']}: {d['health']}" for d in n.get("unhealthy") or [])
 
 
 def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_only: bool = False,
@@ -210,14 +215,16 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
                      "DEVICES": f"{_bar(busy, total, ascii_only)} {busy}/{total} {kind}".rstrip(),
                      "SHARDS": str(n.get("shards", 0)), "STAGED": human_bytes(n.get("staged_bytes")),
                      "SEEN": f"{human_s(now - n['last_seen'])} ago" if n.get("last_seen") else "never",
-                     "_bar": _bar(busy, total, ascii_only), "_up": up})
+                     "NOTE": node_note(n), "_bar": _bar(busy, total, ascii_only), "_up": up})
     if not rows:
         rows.append({**dict.fromkeys(NODE_HEADERS, ""), "NODE": "(no nodes)", "_bar": "", "_up": False})
     busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes
                    if n["state"] == NodeState.UP)
     total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == NodeState.UP)
-    cols, widths = fit_columns(NODE_HEADERS, rows, width, NODE_DROP_ORDER)
-    t = _fitted_table(f"nodes ({busy_all}/{total_all} devices busy)", NODE_HEADERS, cols, widths,
+    # NOTE (why devices are not offered) only when some node has one; it takes what width is left.
+    headers = NODE_HEADERS if any(r.get("NOTE") for r in rows) else {k: v for k, v in NODE_HEADERS.items() if k != "NOTE"}
+    cols, widths = fit_columns(headers, rows, width, NODE_DROP_ORDER, flex="NOTE")
+    t = _fitted_table(f"nodes ({busy_all}/{total_all} devices busy)", headers, cols, widths,
                       {"SHARDS": "right", "STAGED": "right", "SEEN": "right"})
     for r in rows:
         cells: list[RenderableType] = []

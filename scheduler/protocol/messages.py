@@ -48,7 +48,9 @@ class DeviceIn(_In):
     kind: Literal["cpu", "cuda"] = "cpu"
     model: str = Field("", max_length=128)
     memory_bytes: int = Field(0, ge=0, le=MAX_BYTES)
+    uuid: str = Field("", max_length=96)  # NVML's, for GPUs
     healthy: bool = True
+    health: str = Field("", max_length=200)  # why a device is not healthy (agents/devices.py)
 
 
 class ReplicaIn(_In):

@@ -114,11 +114,12 @@ def _devices(s: Session, hb: Heartbeat) -> None:
         row = have.get(d.index)
         if row is None:
             s.add(Device(node=hb.node, index=d.index, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes,
-                         healthy=d.healthy))
+                         uuid=d.uuid, healthy=d.healthy, health=d.health))
             changed = True
         else:
             changed = changed or row.healthy != d.healthy
             row.kind, row.model, row.memory_bytes, row.healthy = d.kind, d.model, d.memory_bytes, d.healthy
+            row.uuid, row.health = d.uuid, d.health
     for idx, row in have.items():
         if idx not in seen:
             s.delete(row)

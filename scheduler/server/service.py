@@ -406,6 +406,8 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
             "device_kind": devices[n.name][0].kind if devices[n.name] else "",
             "device_model": devices[n.name][0].model if devices[n.name] else "",
             "shards": held[n.name], "staged_bytes": n.staged_bytes, "free_bytes": n.free_bytes,
+            "unhealthy": [{"index": d.index, "uuid": d.uuid, "health": d.health or "unhealthy"}
+                          for d in devices[n.name] if not d.healthy],
         })
     return out
 

@@ -71,6 +71,8 @@ class Device(Base):
     model: Mapped[str] = mapped_column(String(128), default="")
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    uuid: Mapped[str] = mapped_column(String(96), default="")
+    health: Mapped[str] = mapped_column(String(200), default="")  # why it is not healthy
 
 
 class Dataset(Base):
