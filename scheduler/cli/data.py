@@ -34,7 +34,7 @@ def make_dataset(c: Client, args: argparse.Namespace) -> int:
             print(f"gsched data make: {e}", file=sys.stderr)
             return 2
         body = {"name": args.name, "source": args.source, "classes": manifest["num_classes"],
-                "image_shape": manifest["image_shape"], "replicas": args.replicas,
+                "image_shape": manifest["image_shape"], "replicas": args.replicas, "span": args.span,
                 "shards": [{k: sh[k] for k in ("index", "bytes", "sha256", "samples")} for sh in manifest["shards"]]}
         plan = c.post("/v1/datasets", body)
         if plan.get("warning"):

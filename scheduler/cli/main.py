@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--source", required=True, help="digits | synthetic[:k=v,...] | imagefolder:PATH")
     dm.add_argument("--shards", type=int, default=8)
     dm.add_argument("--replicas", type=int, default=2)
+    dm.add_argument("--span", type=int, default=None,
+                    help="nodes its jobs spread over: copies are striped over this many (default: with one "
+                         "replica every up node, up to one a shard; with more, 1: every copy whole)")
     dm.add_argument("--seed", type=int, default=0)
     dl = dd.add_parser("ls", help="list data sets with replication and placement")
     dl.add_argument("--json", action="store_true")

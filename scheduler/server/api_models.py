@@ -55,6 +55,7 @@ class DatasetIn(_In):
     classes: int = Field(ge=1, le=100000)
     image_shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(min_length=3, max_length=3)
     replicas: int = Field(2, ge=1, le=16)
+    span: int | None = Field(None, ge=1, le=4096)  # nodes its jobs spread over; None: default_span
     shards: list[ShardIn] = Field(min_length=1, max_length=100000)
 
     @field_validator("name")

@@ -1,8 +1,8 @@
 """Data sets on the server side: register a manifest, plan replica placement, change R.
 
 The server never touches shard bytes.  ``register_dataset`` stores the manifest, places R copies of
-each shard on up nodes (``scheduler.core.replicas.place_replicas``: each copy whole on one node where it
-fits, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
+each shard on up nodes (``scheduler.core.replicas.lay_out``: shaped for the nodes its jobs span, one copy
+whole on one node and the others striped, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
 ticket (HMAC from the peer key) that lets the uploader PUT exactly that shard with exactly that
 checksum on exactly that node.
 """
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.core.replicas import default_span, lay_out, reported_room
 from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
 from scheduler.server.auth import Identity
@@ -44,12 +44,13 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     up = [(n.name, n.rack) for n in up_nodes]
     if not up:
         raise Conflict("no node is up: start agents first (gsched agent ...)")
+    span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards))
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
-                  replicas_required=body.replicas, owner=who.name, created_at=now))
+                  replicas_required=body.replicas, span=span, owner=who.name, created_at=now))
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
-    plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas,
-                          node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
+    plan = lay_out([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, span=span,
+                   node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

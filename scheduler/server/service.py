@@ -424,7 +424,7 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
                            "replicas": replicas.get((d.name, sh.index), [])})
         healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == ReplicaState.HEALTHY) for sh in shards), default=0)
         out.append({"name": d.name, "source": d.source, "classes": d.classes, "image_shape": d.image_shape,
-                    "replicas_required": d.replicas_required, "replicas_healthy_min": healthy_min,
+                    "replicas_required": d.replicas_required, "span": d.span, "replicas_healthy_min": healthy_min,
                     "bytes": sum(sh["bytes"] for sh in shards), "samples": sum(sh["samples"] for sh in shards),
                     "shards": shards})
     return out

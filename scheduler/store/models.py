@@ -80,6 +80,9 @@ class Dataset(Base):
     classes: Mapped[int] = mapped_column(Integer, default=0)
     image_shape: Mapped[Any] = mapped_column(JSON, default=list)
     replicas_required: Mapped[int] = mapped_column(Integer, default=2)
+    # how many nodes the data set's jobs spread over: its layout stripes copies over this many
+    # (scheduler.core.replicas.lay_out); 1 keeps every copy whole on one node
+    span: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     owner: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[float] = mapped_column(Float)
 
