@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nodes its jobs spread over: copies are striped over this many (default: with one "
                          "replica every up node, up to one a shard; with more, 1: every copy whole)")
     dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--format", choices=("gshard", "wds"), default="gshard",
+                    help="shard files: gsched's GSHARD1, or WebDataset tars (KEY.png + KEY.cls)")
+    da = dd.add_parser("add", help="register files the nodes already have (under their data dirs) as a data set")
+    da.add_argument("name")
+    da.add_argument("--node", action="append", required=True, help="a node holding files (repeatable)")
+    da.add_argument("--path", action="append", required=True,
+                    help="the folder (or file) below that node's data dir: one per --node, or one for all")
+    da.add_argument("--glob", default="*", help="which files below PATH (fnmatch, * also crosses /); default all")
+    da.add_argument("--replicas", type=int, default=2)
+    da.add_argument("--span", type=int, default=None, help="nodes its jobs spread over (as for data make)")
+    da.add_argument("--classes", type=int, default=None,
+                    help="classes of the labels (default: from the WebDataset tars' .cls labels, else 1)")
     dl = dd.add_parser("ls", help="list data sets with replication and placement")
     dl.add_argument("--json", action="store_true")
     dp = dd.add_parser("place", help="change the replica count of a data set")
@@ -289,6 +301,10 @@ def cmd_data(args: argparse.Namespace) -> int:
         from scheduler.cli.data import make_dataset
 
         return make_dataset(c, args)
+    if args.data_verb == "add":
+        from scheduler.cli.data import add_dataset
+
+        return add_dataset(c, args)
     if args.data_verb == "ls":
         rows = c.get("/v1/datasets")
         if args.json:
