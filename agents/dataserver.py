@@ -2,7 +2,9 @@
 
 Routes (all but /health need a ticket made with the cluster's peer key, which only agents hold):
 
-* ``GET /shards/<dataset>/<index>``: stream a shard; ticket ``("get", dataset, index, ts)``.
+* ``GET /shards/<dataset>/<index>``: stream a shard; ticket ``("get", dataset, index, ts)``.  A
+  ``Range: bytes=N-`` header asks for the rest from byte N (206), as a broken copy resumes; the bytes
+  sent count against the agent's bandwidth bound (``agents.throttle``).
 * ``PUT /shards/<dataset>/<index>?sha256=H``: upload a shard; ticket ``("put", node, dataset, index, H)``
   issued by the server for this node; the body must hash to H and be a GSHARD1 file or a tar (a
   WebDataset shard), or it is discarded.
@@ -26,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,12 +46,14 @@ from agents.shardfile import (
     shard_path,
     valid_name,
 )
+from agents.throttle import UNLIMITED, Throttle
 from scheduler.protocol.tickets import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
 TICKET_TTL_S = 300  # a ticket is good for this long after it was made (it is checked when a request starts)
 TICKET_SKEW_S = 30  # and from this much before: clocks of two nodes may disagree a little, not by minutes
 CHUNK = 1 << 20
+_RANGE = re.compile(r"bytes=([0-9]{1,15})-")
 
 
 def checkpoint_dir(data_dir: Path, job_id: int) -> Path:
@@ -68,8 +73,10 @@ def _number(text: str) -> bool:
 
 class DataServer:
     def __init__(self, host: str, port: int, data_dir: Path, node: str, peer_key: Callable[[], str | None],
-                 on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None) -> None:
+                 on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None,
+                 throttle: Throttle = UNLIMITED) -> None:
         self.data_dir = data_dir
+        self.throttle = throttle
         self.on_nudge = on_nudge
         self.node = node
         self.peer_key = peer_key
@@ -146,14 +153,35 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             if not path.is_file() or path.is_symlink():
                 return self._send(404, "not on this node")
             size = path.stat().st_size
-            self.send_response(200)
+            start = 0
+            ask = self.headers.get("Range", "")
+            if ask:  # only "bytes=N-": what a resumed copy asks for
+                m = _RANGE.fullmatch(ask.strip())
+                if m is None or int(m.group(1)) >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                start = int(m.group(1))
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            else:
+                self.send_response(200)
+            self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Length", str(size - start))
             self.end_headers()
             with open(path, "rb") as f:
-                while block := f.read(CHUNK):
-                    self.wfile.write(block)
-                    srv.bytes_served += len(block)
+                f.seek(start)
+                try:
+                    while block := f.read(CHUNK):
+                        srv.throttle.take(len(block))
+                        self.wfile.write(block)
+                        srv.bytes_served += len(block)
+                except (BrokenPipeError, ConnectionResetError):  # the peer went; it resumes with a Range
+                    log.info("%s stopped reading %s at byte %d", self.address_string(), path.name, f.tell())
+                    self.close_connection = True
 
         def _json_body(self) -> dict[str, object] | None:
             try:

@@ -1,4 +1,5 @@
-"""data sets laid out for the jobs that read them: each data set's span (how many nodes its jobs spread over)
+"""data sets laid out for the jobs that read them: each data set's span (how many nodes its jobs spread
+over); the bytes a copy under way has moved so far
 
 Revision ID: 0006
 Revises: 0003
@@ -18,8 +19,12 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("datasets") as batch_op:
         batch_op.add_column(sa.Column("span", sa.Integer(), nullable=False, server_default="1"))
+    with op.batch_alter_table("transfers") as batch_op:
+        batch_op.add_column(sa.Column("done_bytes", sa.BigInteger(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("transfers") as batch_op:
+        batch_op.drop_column("done_bytes")
     with op.batch_alter_table("datasets") as batch_op:
         batch_op.drop_column("span")

@@ -184,5 +184,8 @@ def print_datasets(rows: list[dict[str, Any]]) -> None:
             t.add_column(col)
         for sh in d["shards"]:
             reps = " ".join(f"{r['node']}:{r['state']}" for r in sh["replicas"])
+            for cp in sh.get("copies", []):  # copies under way: how far each has come
+                pct = 100 * cp["done_bytes"] / cp["bytes"] if cp["bytes"] else 0
+                reps += f" {cp['src']}->{cp['dst']}:{cp['state']} {pct:.0f}%"
             t.add_row(str(sh["index"]), human_bytes(sh["bytes"]), str(sh["samples"]), sh["sha256"][:12], reps)
         c.print(t)

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "open them between nodes (default 29500-29999)")
     a.add_argument("--rendezvous-wait-s", type=float, default=30.0,
                    help="how long rank 0 waits for a free rendezvous port before its job is requeued (default 30)")
+    a.add_argument("--max-transfers", type=int, default=4,
+                   help="shard copies this agent makes at once, staging and replication alike (default 4)")
+    a.add_argument("--max-transfer-mbps", type=float, default=0.0,
+                   help="megabits a second this agent's copies receive and its data server sends, in all "
+                        "(default 0: no limit)")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
@@ -308,7 +313,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.data_verb == "ls":
         rows = c.get("/v1/datasets")
         if args.json:
-            _json([{**d, "shards": [{k: sh[k] for k in ("index", "bytes", "sha256", "samples", "replicas")}
+            _json([{**d, "shards": [{k: sh[k] for k in ("index", "bytes", "sha256", "samples", "replicas", "copies")}
                                     for sh in d["shards"]]} for d in rows])
             return 0
         from scheduler.cli.data import print_datasets

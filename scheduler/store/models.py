@@ -222,6 +222,7 @@ class Transfer(Base):
     src: Mapped[str] = mapped_column(String(64))
     dst: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    done_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # so far, while RUNNING
     state: Mapped[str] = mapped_column(String(16), default=TransferState.PENDING)  # TransferState
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)

@@ -95,3 +95,28 @@ def test_bad_input_is_refused_naming_node_and_file_and_nothing_stored_is_touched
     assert [d["name"] for d in c.admin().get("/v1/datasets")] == ["team"]
     assert {p: _sha(p) for p in (c.data_dir("n1") / "team").iterdir()} == before
     assert not (c.data_dir("n2") / "other").exists()
+
+
+def test_data_ls_shows_each_copy_under_way_with_its_progress(make_cluster):  # type: ignore[no-untyped-def]
+    # n2's agent takes at most 4 Mbit/s (0.5 MB/s): copying 2 shards of about 3 MB to it takes seconds,
+    # long enough for its heartbeats to report the bytes so far
+    c = make_cluster([NodeSpec("n1", "r1"), NodeSpec("n2", "r1", max_transfer_mbps=4.0)])
+    c.start_server()
+    c.start_agent("n1")
+    c.wait_for(lambda: len(c.admin().get("/v1/nodes")) == 1, 30, "agent n1")
+    c.cli("data", "make", "big", "--source", "synthetic:samples=2000,size=32", "--shards", "2", "--replicas", "1")
+    c.start_agent("n2")
+    c.wait_for(lambda: len(c.admin().get("/v1/nodes")) == 2, 30, "agent n2")
+    c.cli("data", "place", "big", "--replicas", "2")
+
+    def under_way() -> list[dict]:
+        (ds,) = c.admin().get("/v1/datasets")
+        return [cp for sh in ds["shards"] for cp in sh["copies"] if 0 < cp["done_bytes"] < cp["bytes"]]
+
+    (first, *_) = c.wait_for(under_way, 60, "a copy reported part-way")
+    assert first["src"] == "n1" and first["dst"] == "n2" and first["state"] == "running"
+    shown = c.cli("data", "ls").stdout
+    assert "n1->n2:running" in shown and "%" in shown
+    c.wait_for(lambda: c.admin().get("/v1/datasets")[0]["replicas_healthy_min"] == 2, 120, "both copies")
+    (ds,) = c.admin().get("/v1/datasets")
+    assert all(sh["copies"] == [] for sh in ds["shards"])
