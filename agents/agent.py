@@ -28,6 +28,7 @@ from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
+from agents.throttle import Throttle
 from scheduler.protocol.http import ServerError, Servers, send
 from scheduler.protocol.messages import HeartbeatReply, TransferOrder
 from scheduler.protocol.states import RANK_FINAL, TransferState
@@ -48,7 +49,7 @@ class Agent:
                  port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
                  net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
-                 rendezvous_wait_s: float = 30.0) -> None:
+                 rendezvous_wait_s: float = 30.0, max_transfers: int = 4, max_transfer_mbps: float = 0.0) -> None:
         self.servers = Servers(servers, ca)  # with ca: verifies an HTTPS server against it
         self.node = node
         self.rack = rack
@@ -70,6 +71,7 @@ class Agent:
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)
         self.flights = ShardFlights()  # one transfer per shard when ranks of this node need it at once
+        self.throttle = Throttle(max_transfers, max_transfer_mbps)  # copies in flight, bandwidth
         self.peer_key: str | None = None
         self.peers: dict[str, str] = {}
         self.ranks: dict[tuple[int, int, int], RankRunner] = {}
@@ -83,7 +85,7 @@ class Agent:
         self._last_progress_log = 0.0
         self._pids_lock = threading.Lock()
         self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard,
-                               on_nudge=self.report_soon)
+                               on_nudge=self.report_soon, throttle=self.throttle)
         self.address = f"{host}:{self.data.port}"
         self.token = token or self._find_token()
 
@@ -288,8 +290,11 @@ class Agent:
         status = self.transfers[t.id]
         try:
             path = shard_path(self.data_dir, t.dataset, t.shard)
+            def progress(done: int, total: int, rate: float) -> None:
+                status["bytes"] = done  # reported RUNNING with the bytes so far: `gsched data ls` shows them
+
             n = fetch(t.source_address, f"shards/{t.dataset}/{t.shard}", ("get", t.dataset, t.shard), path, t.sha256,
-                      self.peer_key or "")
+                      self.peer_key or "", progress, throttle=self.throttle)
             self.note_shard(t.dataset, t.shard, path, t.sha256)
             status.update(state=TransferState.DONE, bytes=n)
             log.info("replica %s/%s copied from %s (%d bytes)", t.dataset, t.shard, t.source, n)
@@ -345,8 +350,9 @@ def main(args: Any) -> int:
                       token=token, heartbeat_s=args.heartbeat_s, threads_per_rank=args.threads_per_rank,
                       scrub_interval_s=args.scrub_interval_s, net_iface=args.net_iface,
                       ca=args.ca or os.environ.get("GSCHED_CA"), rendezvous_ports=args.rendezvous_ports,
-                      rendezvous_wait_s=args.rendezvous_wait_s)
-    except PortRangeError as e:
+                      rendezvous_wait_s=args.rendezvous_wait_s, max_transfers=args.max_transfers,
+                      max_transfer_mbps=args.max_transfer_mbps)
+    except (PortRangeError, ValueError) as e:
         print(f"gsched agent: {e}", file=sys.stderr)
         return 2
 

@@ -2,10 +2,19 @@
 
 Routes (all but /health need a ticket made with the cluster's peer key, which only agents hold):
 
-* ``GET /shards/<dataset>/<index>``: stream a shard; ticket ``("get", dataset, index, ts)``.
+* ``GET /shards/<dataset>/<index>``: stream a shard; ticket ``("get", dataset, index, ts)``.  A
+  ``Range: bytes=N-`` header asks for the rest from byte N (206), as a broken copy resumes; the bytes
+  sent count against the agent's bandwidth bound (``agents.throttle``).
 * ``PUT /shards/<dataset>/<index>?sha256=H``: upload a shard; ticket ``("put", node, dataset, index, H)``
-  issued by the server for this node; the body must hash to H or it is discarded.
+  issued by the server for this node; the body must hash to H and be a GSHARD1 file or a tar (a
+  WebDataset shard), or it is discarded.
 * ``GET|PUT /checkpoints/<job>/<file>``: a job's checkpoint files; ticket ``("ckpt", job, file, ts)``.
+* ``POST /scan/<dataset>``: hash the files under a folder of this node's data dir for ``gsched data add``
+  (body ``{"path", "glob"}``); ticket ``("scan", node, dataset, ts)`` issued by the server.  The answer
+  streams JSON lines: ``{"file", "done", "total"}`` while hashing, then ``{"files": [...]}`` or
+  ``{"error", "status"}``.  Refusals found before hashing are plain HTTP errors (``agents.inplace``).
+* ``POST /link/<dataset>/<index>``: make a scanned file that shard (a hard link); body ``{"path"}``;
+  ticket ``("link", node, dataset, index, sha256)`` issued by the server once it stored the manifest.
 * ``POST /nudge``: the server's cycle bound ranks here: heartbeat now instead of at the next tick;
   ticket ``("nudge", node, ts)``.  It carries nothing; the assignments come with the heartbeat reply.
 
@@ -16,8 +25,10 @@ absolute paths and symlinks cannot reach outside it.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from agents.inplace import InPlaceError, describe, find_files, hash_file, link_shard
 from agents.shardfile import (
     CKPT_NAME,
     MAGIC,
@@ -34,12 +46,14 @@ from agents.shardfile import (
     shard_path,
     valid_name,
 )
+from agents.throttle import UNLIMITED, Throttle
 from scheduler.protocol.tickets import check_ticket
 
 log = logging.getLogger("gsched.agent.data")
 TICKET_TTL_S = 300  # a ticket is good for this long after it was made (it is checked when a request starts)
 TICKET_SKEW_S = 30  # and from this much before: clocks of two nodes may disagree a little, not by minutes
 CHUNK = 1 << 20
+_RANGE = re.compile(r"bytes=([0-9]{1,15})-")
 
 
 def checkpoint_dir(data_dir: Path, job_id: int) -> Path:
@@ -59,13 +73,17 @@ def _number(text: str) -> bool:
 
 class DataServer:
     def __init__(self, host: str, port: int, data_dir: Path, node: str, peer_key: Callable[[], str | None],
-                 on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None) -> None:
+                 on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None,
+                 throttle: Throttle = UNLIMITED) -> None:
         self.data_dir = data_dir
+        self.throttle = throttle
         self.on_nudge = on_nudge
         self.node = node
         self.peer_key = peer_key
         self.on_shard = on_shard
         self.bytes_served = 0
+        self.scanned: dict[str, tuple[tuple[int, int, int], str]] = {}  # real path -> (ino, size, mtime), sha256
+        self._scan_lock = threading.Lock()
         handler = _make_handler(self)
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -135,17 +153,114 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             if not path.is_file() or path.is_symlink():
                 return self._send(404, "not on this node")
             size = path.stat().st_size
-            self.send_response(200)
+            start = 0
+            ask = self.headers.get("Range", "")
+            if ask:  # only "bytes=N-": what a resumed copy asks for
+                m = _RANGE.fullmatch(ask.strip())
+                if m is None or int(m.group(1)) >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                start = int(m.group(1))
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            else:
+                self.send_response(200)
+            self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Length", str(size - start))
             self.end_headers()
             with open(path, "rb") as f:
-                while block := f.read(CHUNK):
-                    self.wfile.write(block)
-                    srv.bytes_served += len(block)
+                f.seek(start)
+                try:
+                    while block := f.read(CHUNK):
+                        srv.throttle.take(len(block))
+                        self.wfile.write(block)
+                        srv.bytes_served += len(block)
+                except (BrokenPipeError, ConnectionResetError):  # the peer went; it resumes with a Range
+                    log.info("%s stopped reading %s at byte %d", self.address_string(), path.name, f.tell())
+                    self.close_connection = True
+
+        def _json_body(self) -> dict[str, object] | None:
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                doc = json.loads(self.rfile.read(length)) if 0 < length <= 65536 else None
+            except (ValueError, OSError):
+                doc = None
+            return doc if isinstance(doc, dict) else None
+
+        def _scan(self, dataset: str) -> None:
+            """Hash the files a ``gsched data add`` names (see the module docstring), streaming progress."""
+            if not self._fresh_ticket("scan", srv.node, dataset):
+                return self._send(403, "a valid scan ticket for this node is required")
+            doc = self._json_body()
+            if doc is None or not isinstance(doc.get("path"), str) or not isinstance(doc.get("glob", "*"), str):
+                return self._send(400, 'body must be JSON {"path": "...", "glob": "..."}')
+            try:
+                found = find_files(srv.data_dir, srv.node, str(doc["path"]), str(doc.get("glob") or "*"))
+            except InPlaceError as e:
+                return self._send(e.status, str(e))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            last = [0.0]
+
+            def line(obj: object) -> None:
+                self.wfile.write((json.dumps(obj) + "\n").encode())
+                self.wfile.flush()
+
+            def progress(name: str, done: int, total: int) -> None:
+                now = time.monotonic()
+                if now - last[0] >= 0.2 or done >= total:
+                    last[0] = now
+                    line({"file": name, "done": done, "total": total})
+
+            files = []
+            try:
+                for f in found:
+                    sha, st = hash_file(srv.node, f.path, progress, label=f.rel)
+                    with srv._scan_lock:
+                        srv.scanned[str(f.path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), sha)
+                    files.append({"name": f.rel, "path": f.data_rel, "bytes": st.st_size, "sha256": sha,
+                                  **describe(f.path)})
+            except InPlaceError as e:
+                return line({"error": str(e), "status": e.status})
+            line({"files": files})
+
+        def _link(self, dataset: str, index: int) -> None:
+            doc = self._json_body()
+            sha = (parse_qs(urlsplit(self.path).query).get("sha256") or [""])[0]
+            key = srv.peer_key()
+            if not key or not check_ticket(key, self.headers.get("X-Gsched-Ticket", ""), "link", srv.node, dataset,
+                                           index, sha):
+                return self._send(403, "a valid link ticket for this node is required")
+            if doc is None or not isinstance(doc.get("path"), str):
+                return self._send(400, 'body must be JSON {"path": "..."}')
+
+            def known(path: Path, st: os.stat_result) -> str | None:
+                with srv._scan_lock:
+                    ident, h = srv.scanned.get(str(path), ((0, 0, 0), ""))
+                return h if ident == (st.st_ino, st.st_size, st.st_mtime_ns) else None
+
+            try:
+                dest = link_shard(srv.data_dir, srv.node, str(doc["path"]), dataset, index, sha, known)
+            except InPlaceError as e:
+                return self._send(e.status, str(e))
+            except ValueError as e:
+                return self._send(400, str(e))
+            srv.on_shard(dataset, index, dest, sha)
+            return self._send(201, "linked")
 
         def do_POST(self) -> None:  # noqa: N802
             kind, rest, _ = self._route()  # type: ignore[misc]
+            if kind == "scan" and len(rest) == 1 and valid_name(rest[0]):
+                return self._scan(rest[0])
+            if kind == "link" and len(rest) == 2 and valid_name(rest[0]) and _number(rest[1]):
+                return self._link(rest[0], int(rest[1]))
             if kind != "nudge" or rest or srv.on_nudge is None:
                 return self._send(404, "no such resource")
             if not self._fresh_ticket("nudge", srv.node):
@@ -193,12 +308,12 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                     block = self.rfile.read(min(CHUNK, remaining))
                     if not block:
                         break
-                    if len(first) < len(MAGIC):
-                        first += block[: len(MAGIC)]
+                    if len(first) < 265:
+                        first += block[: 265 - len(first)]
                     digest.update(block)
                     f.write(block)
                     remaining -= len(block)
-            if remaining or (sha and digest.hexdigest() != sha) or (expect_magic and not first.startswith(MAGIC)):
+            if remaining or (sha and digest.hexdigest() != sha) or (expect_magic and not (first.startswith(MAGIC) or first[257:262] == b"ustar")):
                 tmp.unlink(missing_ok=True)
                 return self._send(422, "upload incomplete or checksum mismatch; discarded")
             os.replace(tmp, path)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.shardfile import shard_path, valid_name, write_shard
+from agents.wds import write_wds
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
 Progress = Callable[[int, int], None]
@@ -226,8 +227,12 @@ def make_shards(
     n_shards: int,
     seed: int = 0,
     progress: Progress | None = None,
+    fmt: str = "gshard",
 ) -> dict[str, Any]:
     """Shuffle the source deterministically and split it into ``n_shards`` shard files.
+
+    ``fmt``: ``"gshard"`` (GSHARD1, ``agents.shardfile``) or ``"wds"`` (WebDataset-style tars of
+    ``KEY.png`` + ``KEY.cls``, ``agents.wds``; keys ``s{shard:05d}-{sample:06d}``).
 
     Shard ``i`` is written atomically to ``shard_path(out_dir, dataset_name, i)``.  The order is a
     permutation drawn from ``seed`` alone, so the same (source, n_shards, seed) gives byte-identical
@@ -243,6 +248,8 @@ def make_shards(
     """
     import numpy as np
 
+    if fmt not in ("gshard", "wds"):
+        raise ValueError(f"unknown shard format {fmt!r}: use gshard or wds")
     if not valid_name(dataset_name):
         raise ValueError(
             f"invalid data set name {dataset_name!r}: use lowercase letters, digits, '_', '.', '-'"
@@ -266,13 +273,18 @@ def make_shards(
 
     shards = []
     for i, chunk in enumerate(np.array_split(order, n_shards)):
-        entry = write_shard(shard_path(out_dir, dataset_name, i), samples_of(chunk))
+        dest = shard_path(out_dir, dataset_name, i)
+        if fmt == "wds":
+            entry = write_wds(dest, samples_of(chunk), prefix=f"s{i:05d}-")
+        else:
+            entry = write_shard(dest, samples_of(chunk))
         shards.append({"index": i, **entry})
     if progress:
         progress(done, total)
     return {
         "name": dataset_name,
         "source": source_spec,
+        "format": fmt,
         "seed": seed,
         "classes": list(source.classes),
         "num_classes": len(source.classes),

@@ -255,7 +255,7 @@ class RankRunner(threading.Thread):
                     self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
 
                 n = fetch(address, f"shards/{sh.dataset}/{sh.index}", ("get", sh.dataset, sh.index),
-                          path, sh.sha256, self.agent.peer_key or "", progress)
+                          path, sh.sha256, self.agent.peer_key or "", progress, throttle=self.agent.throttle)
                 self.agent.note_shard(sh.dataset, sh.index, path, sh.sha256)
                 done_before += n
                 last_error = None

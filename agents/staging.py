@@ -1,15 +1,20 @@
-"""Copy a shard (or a checkpoint) from a peer agent, streaming, verifying the sha256 before it counts."""
+"""Copy a shard (or a checkpoint) from a peer agent, streaming, resuming after a break (HTTP Range),
+verifying the sha256 before it counts."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import http.client
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
+from agents.throttle import UNLIMITED, Throttle
 from scheduler.protocol.http import ServerError, open_url
 from scheduler.protocol.tickets import ticket_headers
 
@@ -65,41 +70,112 @@ class ShardFlights:
             return len(self._flights)
 
 
-def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, sha256: str | None,
-          peer_key: str, progress: Callable[[int, int, float], None] | None = None, timeout_s: float = 60) -> int:
-    """GET ``http://address/resource`` into ``dest`` atomically; returns bytes copied.
+RESUME_TRIES = 5  # connections one fetch opens in all: the first, then resumes after breaks
 
-    ``progress(done, total, rate_bps)`` is called about every 0.5 s.  Raises ``StagingError`` when the
-    peer refuses, the connection breaks, or the bytes do not hash to ``sha256``; ``dest`` is then
-    untouched.
+
+def _partial(dest: Path) -> Path:
+    """Where a copy of ``dest`` grows: kept after a break, so the next try (or the next fetch of the same
+    file from another replica) asks only for the rest."""
+    return dest.with_name(dest.name + ".partial")
+
+
+def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, sha256: str | None,
+          peer_key: str, progress: Callable[[int, int, float], None] | None = None, timeout_s: float = 60,
+          throttle: Throttle = UNLIMITED) -> int:
+    """GET ``http://address/resource`` into ``dest`` atomically; returns the bytes of the file.
+
+    A broken transfer resumes where it stopped: the bytes so far stay in ``dest.partial``, and the next
+    connection asks for the rest (HTTP ``Range``); up to ``RESUME_TRIES`` connections, and a later fetch
+    of the same ``dest`` (from any replica: the bytes are the same) resumes it too.  One fetch of a
+    ``dest`` at a time on a node (a lock on the partial file).  ``throttle`` bounds this agent's copies
+    in flight and its bandwidth.  ``progress(done, total, rate_bps)`` is called about every 0.5 s.
+    Raises ``StagingError`` when the peer refuses, every try breaks, or the bytes do not hash to
+    ``sha256``; ``dest`` is then untouched (a partial left by breaks is kept for a resume, one with
+    the wrong bytes is removed).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".fetch{os.getpid()}-{threading.get_ident()}")
-    digest = hashlib.sha256()
-    done = 0
-    t0 = last = time.monotonic()
+    part = _partial(dest)
+    with throttle.transfer(), open(part, "ab+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            return _fetch_locked(address, resource, ticket_parts, dest, part, f, sha256, peer_key, progress,
+                                 timeout_s, throttle)
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _fetch_locked(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, part: Path,
+                  f: BinaryIO, sha256: str | None, peer_key: str, progress: Callable[[int, int, float], None] | None,
+                  timeout_s: float, throttle: Throttle) -> int:
     try:
-        with open_url(f"http://{address}/{resource}", headers=ticket_headers(peer_key, *ticket_parts),
-                      timeout_s=timeout_s) as resp, open(tmp, "wb") as f:
-            total = int(resp.headers.get("Content-Length", "0"))
-            while block := resp.read(CHUNK):
-                f.write(block)
-                digest.update(block)
-                done += len(block)
-                now = time.monotonic()
-                if progress and now - last >= 0.5:
-                    progress(done, total, done / max(now - t0, 1e-6))
-                    last = now
-        if progress:
-            progress(done, total, done / max(time.monotonic() - t0, 1e-6))
-    except ServerError as e:
-        tmp.unlink(missing_ok=True)
-        raise StagingError(f"fetching {resource} from {address}: HTTP {e.status} {e.message}") from e
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise StagingError(f"fetching {resource} from {address}: {e}") from e
+        same = os.stat(part).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:  # another fetch finished (renamed the partial) while this one waited: never write to it
+        if dest.is_file() and (not sha256 or _sha(dest) == sha256):
+            return dest.stat().st_size
+        raise StagingError(f"{resource}: the partial copy vanished; fetch again")
+    digest = hashlib.sha256()
+    f.seek(0)
+    while block := f.read(CHUNK):  # what an earlier try left: hashed again, not fetched again
+        digest.update(block)
+    done = f.tell()
+    resumed_from = done
+    total = 0
+    t0 = last = time.monotonic()
+    error: Exception | None = None
+    for _ in range(RESUME_TRIES):
+        headers = ticket_headers(peer_key, *ticket_parts)
+        if done:
+            headers["Range"] = f"bytes={done}-"
+        try:
+            with open_url(f"http://{address}/{resource}", headers=headers, timeout_s=timeout_s) as resp:
+                length = int(resp.headers.get("Content-Length", "0"))
+                if done and resp.status != 206:  # the peer sent the whole file: start over
+                    f.seek(0)
+                    f.truncate()
+                    digest, done = hashlib.sha256(), 0
+                total = done + length
+                while block := resp.read(CHUNK):
+                    throttle.take(len(block))
+                    f.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    now = time.monotonic()
+                    if progress and now - last >= 0.5:
+                        progress(done, total, (done - resumed_from) / max(now - t0, 1e-6))
+                        last = now
+            if done >= total:
+                error = None
+                break
+            error = StagingError(f"fetching {resource} from {address}: the connection closed at {done} of {total} bytes")
+        except ServerError as e:
+            if e.status == 416:  # asked for more than the file has: the partial is not of this file
+                f.seek(0)
+                f.truncate()
+                digest, done = hashlib.sha256(), 0
+                error = StagingError(f"fetching {resource} from {address}: a partial copy did not match; restarted")
+                continue
+            raise StagingError(f"fetching {resource} from {address}: HTTP {e.status} {e.message}") from e
+        except (OSError, http.client.HTTPException) as e:
+            error = StagingError(f"fetching {resource} from {address}: {e} (at {done} bytes; resuming)")
+        f.flush()
+    f.flush()
+    if error is not None:
+        raise error  # the partial stays: the next fetch of this file resumes it
+    if progress:
+        progress(done, total, (done - resumed_from) / max(time.monotonic() - t0, 1e-6))
     if sha256 and digest.hexdigest() != sha256:
-        tmp.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
         raise StagingError(f"{resource} from {address}: sha256 mismatch ({digest.hexdigest()[:12]} != {sha256[:12]})")
-    os.replace(tmp, dest)
+    os.fsync(f.fileno())
+    os.replace(part, dest)
     return done
+
+
+def _sha(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as g:
+        while block := g.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,7 +1,7 @@
 """devices: NVML's UUID, and why a device is not healthy
 
 Revision ID: 0007
-Revises: 0003
+Revises: 0006
 Create Date: 2026-12-04
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0003"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

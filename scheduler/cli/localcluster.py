@@ -46,6 +46,7 @@ class NodeSpec:
     iface: str | None = None  # interface the ranks use for gloo/NCCL
     rendezvous_ports: str | None = None  # default: a block of its own (rendezvous_block())
     rendezvous_wait_s: float | None = None
+    max_transfer_mbps: float | None = None  # the agent's bandwidth bound (default: none)
 
 
 # The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
@@ -144,6 +145,8 @@ class LocalCluster:
     def start_agent(self, node: str) -> None:
         spec = self.nodes[node]
         wait = [] if spec.rendezvous_wait_s is None else ["--rendezvous-wait-s", str(spec.rendezvous_wait_s)]
+        if spec.max_transfer_mbps is not None:
+            wait += ["--max-transfer-mbps", str(spec.max_transfer_mbps)]
         self._spawn(f"agent-{node}", ["agent", "--server", self.url, "--node", node, "--rack", spec.rack,
                                       "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
                                       "--heartbeat-s", str(self.heartbeat_s),

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "open them between nodes (default 29500-29999)")
     a.add_argument("--rendezvous-wait-s", type=float, default=30.0,
                    help="how long rank 0 waits for a free rendezvous port before its job is requeued (default 30)")
+    a.add_argument("--max-transfers", type=int, default=4,
+                   help="shard copies this agent makes at once, staging and replication alike (default 4)")
+    a.add_argument("--max-transfer-mbps", type=float, default=0.0,
+                   help="megabits a second this agent's copies receive and its data server sends, in all "
+                        "(default 0: no limit)")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
@@ -103,7 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--source", required=True, help="digits | synthetic[:k=v,...] | imagefolder:PATH")
     dm.add_argument("--shards", type=int, default=8)
     dm.add_argument("--replicas", type=int, default=2)
+    dm.add_argument("--span", type=int, default=None,
+                    help="nodes its jobs spread over: copies are striped over this many (default: with one "
+                         "replica every up node, up to one a shard; with more, 1: every copy whole)")
     dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--format", choices=("gshard", "wds"), default="gshard",
+                    help="shard files: gsched's GSHARD1, or WebDataset tars (KEY.png + KEY.cls)")
+    da = dd.add_parser("add", help="register files the nodes already have (under their data dirs) as a data set")
+    da.add_argument("name")
+    da.add_argument("--node", action="append", required=True, help="a node holding files (repeatable)")
+    da.add_argument("--path", action="append", required=True,
+                    help="the folder (or file) below that node's data dir: one per --node, or one for all")
+    da.add_argument("--glob", default="*", help="which files below PATH (fnmatch, * also crosses /); default all")
+    da.add_argument("--replicas", type=int, default=2)
+    da.add_argument("--span", type=int, default=None, help="nodes its jobs spread over (as for data make)")
+    da.add_argument("--classes", type=int, default=None,
+                    help="classes of the labels (default: from the WebDataset tars' .cls labels, else 1)")
     dl = dd.add_parser("ls", help="list data sets with replication and placement")
     dl.add_argument("--json", action="store_true")
     dp = dd.add_parser("place", help="change the replica count of a data set")
@@ -286,10 +306,14 @@ def cmd_data(args: argparse.Namespace) -> int:
         from scheduler.cli.data import make_dataset
 
         return make_dataset(c, args)
+    if args.data_verb == "add":
+        from scheduler.cli.data import add_dataset
+
+        return add_dataset(c, args)
     if args.data_verb == "ls":
         rows = c.get("/v1/datasets")
         if args.json:
-            _json([{**d, "shards": [{k: sh[k] for k in ("index", "bytes", "sha256", "samples", "replicas")}
+            _json([{**d, "shards": [{k: sh[k] for k in ("index", "bytes", "sha256", "samples", "replicas", "copies")}
                                     for sh in d["shards"]]} for d in rows])
             return 0
         from scheduler.cli.data import print_datasets

@@ -9,12 +9,19 @@ set of 16 shards with 3 copies lands on up to 48 nodes and no node can serve a o
 locally until staging has filled caches.  Kept together, R nodes each hold the whole set from the
 start.  In the trace replays (benchmarks/RESULTS.md) this took the local-read fraction from 0.927
 to 0.945 (Philly) and 0.925 to 0.950 (ITP), and bytes moved from 3.01 to 2.25 TB and 3.08 to 2.07 TB.
+
+Why striped too (:func:`lay_out`): a gang spanning ``k`` nodes reads ``1/k`` of the data set on each
+of them.  With every copy whole on one node, one copy (R = 1) leaves ``k - 1`` of the gang's nodes
+staging everything they read.  So a data set has a *span*, how many nodes its jobs spread over: with
+span 1 every copy is whole (the case above); with span ``w >= 2`` and R = 1 the copy is striped over
+``w`` nodes, and with R >= 2 the first copy stays whole (one-rank jobs) and the others are striped
+over ``w`` nodes each (gangs).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 
 def place_replicas(
@@ -25,6 +32,7 @@ def place_replicas(
     node_bytes: Mapping[str, int] | None = None,
     group_bytes: Mapping[str, int] | None = None,
     room: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
 ) -> dict[int, list[str]]:
     """Nodes for each shard's copies: shard index -> node names (existing copies first).
 
@@ -34,7 +42,8 @@ def place_replicas(
     omitted, counted from ``existing``; so pass it only if it includes those copies);
     ``group_bytes``: bytes of this data set each node holds outside ``shards`` (re-replication passes
     the other shards' copies; when omitted, counted from ``existing``); ``room``: bytes each node may
-    still take (free disk); a node missing from it is not limited.
+    still take (free disk); a node missing from it is not limited; ``exclude``: nodes that take no new
+copy (their existing copies still count, for the rack rule too).
 
     Rules, in order:
 
@@ -86,29 +95,32 @@ def place_replicas(
             if b != load[n]:
                 continue  # stale entry
             skipped.append((b, n))
-            if n not in taken and rack[n] not in banned and (not need_room or fits(n, nbytes)):
+            if n not in taken and n not in exclude and rack[n] not in banned and (not need_room or fits(n, nbytes)):
                 chosen = n
                 break
         for item in skipped:
             heapq.heappush(heap, item)
         return chosen
 
+    def mate(taken: list[str], banned: set[str | None], nbytes: int) -> str | None:
+        """The allowed node holding the most of the group (with room), ties to the least loaded, by name."""
+        ok = [n for n in together if n not in taken and n not in exclude and rack[n] not in banned and fits(n, nbytes)]
+        return min(ok, key=lambda n: (-together[n], load[n], n)) if ok else None
+
     out: dict[int, list[str]] = {}
     for idx, nbytes in sorted(shards, key=lambda s: (-s[1], s[0])):
         copies = list(dict.fromkeys(existing.get(idx, ())))
-        want = min(replicas, len(copies) + sum(1 for n in rack if n not in copies))
+        want = min(replicas, len(copies) + sum(1 for n in rack if n not in copies and n not in exclude))
         while len(copies) < want:
             racks_used = {rack.get(n) for n in copies}
             last = len(copies) == want - 1
             need_other_rack = last and n_racks >= 2 and want >= 2 and len(racks_used) == 1
             banned = racks_used if need_other_rack else set()
-            mates = sorted((n for n in together if n not in copies and rack[n] not in banned and fits(n, nbytes)),
-                           key=lambda n: (-together[n], load[n], n))
-            chosen = mates[0] if mates else least_loaded(copies, banned, nbytes, True)
+            chosen = mate(copies, banned, nbytes) or least_loaded(copies, banned, nbytes, True)
             if chosen is None:
                 chosen = least_loaded(copies, banned, nbytes, False)  # nobody has room: best effort
-            if chosen is None and need_other_rack:  # no node in another rack can take it: best effort
-                chosen = least_loaded(copies, set(), nbytes, False)
+            if chosen is None and need_other_rack:  # no node in another rack can take it: best effort,
+                chosen = mate(copies, set(), nbytes) or least_loaded(copies, set(), nbytes, False)  # still together
             if chosen is None:
                 break
             copies.append(chosen)
@@ -118,6 +130,64 @@ def place_replicas(
                 left[chosen] -= nbytes
             heapq.heappush(heap, (load[chosen], chosen))
         out[idx] = copies
+    return out
+
+
+def default_span(replicas: int, nodes: int, shards: int) -> int:
+    """The span a data set is laid out for before any of its jobs is seen: with one copy, striped over
+    every node (up to one shard each), since a gang over any of them then reads locally and a one-rank
+    job reads locally on one node at best either way; with two or more, 1 (every copy whole: most jobs
+    have one rank).  The cycle's re-balance moves it toward the spans its jobs actually have."""
+    return max(1, min(nodes, shards)) if replicas == 1 else 1
+
+
+def lay_out(
+    shards: Sequence[tuple[int, int]],
+    nodes: Sequence[tuple[str, str]],
+    replicas: int,
+    span: int = 1,
+    node_bytes: Mapping[str, int] | None = None,
+    room: Mapping[str, int] | None = None,
+) -> dict[int, list[str]]:
+    """A new data set's layout: shard index -> nodes, for ``replicas`` copies shaped for jobs of ``span`` nodes.
+
+    Copy 0 is whole on one node when ``replicas >= 2`` or ``span <= 1``; every other copy (and copy 0
+    when ``replicas == 1`` and ``span >= 2``) is *striped*: its shards are dealt round-robin by index
+    into ``w = min(span, shards, nodes)`` stripes, each stripe kept together on its own node, no two
+    stripes of one copy on one node.  Each stripe is placed by :func:`place_replicas` with the copies
+    made so far as ``existing``, so every rule there holds per shard: copies on distinct nodes, never
+    all in one rack, room respected, least loaded first (ties by name).  Where the nodes run out a
+    stripe shares a node with another stripe of its copy (never with another copy of its shards).
+    Pure.  With ``span <= 1`` it gives exactly what ``place_replicas`` gives.
+    """
+    if span <= 1 or not shards:
+        return place_replicas(shards, nodes, replicas, node_bytes=node_bytes, room=room)
+    load: dict[str, int] = {n: 0 for n, _ in nodes}
+    for n, b in (node_bytes or {}).items():
+        if n in load:
+            load[n] = b
+    left = {n: b for n, b in (room or {}).items() if n in load}
+    ordered = sorted(shards, key=lambda s: s[0])
+    out: dict[int, list[str]] = {i: [] for i, _ in ordered}
+    width = max(1, min(span, len(ordered), len(nodes)))
+    for copy in range(min(replicas, len(nodes))):
+        striped = copy >= 1 or replicas == 1
+        stripes = [ordered[k::width] for k in range(width)] if striped else [ordered]
+        used: set[str] = set()  # nodes holding a stripe of this copy
+        for stripe in stripes:
+            avoid: set[str] = used
+            if not any(n not in used and all(n not in out[i] for i, _ in stripe) for n, _ in nodes):
+                avoid = set()  # more stripes than free nodes: share one of this copy's nodes
+            plan = place_replicas(stripe, nodes, copy + 1, existing={i: out[i] for i, _ in stripe},
+                                  node_bytes=load, group_bytes={}, room=left, exclude=avoid)
+            size = dict(stripe)
+            for i, holders in plan.items():
+                for n in holders[len(out[i]):]:
+                    out[i].append(n)
+                    used.add(n)
+                    load[n] += size[i]
+                    if n in left:
+                        left[n] -= size[i]
     return out
 
 

@@ -49,19 +49,54 @@ class ShardIn(_In):
     samples: int = Field(ge=0, le=2**40)
 
 
+class InPlaceIn(_In):
+    """A file a node already has, to become a shard where it lies (``gsched data add``): ``path`` below
+    that node's data dir, as its agent's scan reported it."""
+
+    shard: int = Field(ge=0, le=99999)
+    node: str = Field(pattern=NODE)
+    path: str = Field(min_length=1, max_length=4096)
+
+
 class DatasetIn(_In):
     name: str = Field(pattern=DATASET)
     source: str = Field("", max_length=512)
     classes: int = Field(ge=1, le=100000)
-    image_shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(min_length=3, max_length=3)
+    # [h, w, c] of every image; empty where the files' readers find it (files registered in place)
+    image_shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(max_length=3)
     replicas: int = Field(2, ge=1, le=16)
+    span: int | None = Field(None, ge=1, le=4096)  # nodes its jobs spread over; None: default_span
     shards: list[ShardIn] = Field(min_length=1, max_length=100000)
+    in_place: list[InPlaceIn] = Field(default_factory=list, max_length=1600000)
+
+    @field_validator("image_shape")
+    @classmethod
+    def _three_or_none(cls, v: list[int]) -> list[int]:
+        if len(v) not in (0, 3):
+            raise ValueError("must be [height, width, channels], or [] for files registered in place")
+        return v
 
     @field_validator("name")
     @classmethod
     def _no_dots(cls, v: str) -> str:
         if ".." in v:  # agents refuse such names (agents.shardfile.valid_name): never store one
             raise ValueError("must not contain '..'")
+        return v
+
+
+class ScanIn(_In):
+    """``gsched data add`` asks for scan tickets: the data set's name (in the path) and its nodes."""
+
+    nodes: list[str] = Field(min_length=1, max_length=4096)
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, v: list[str]) -> list[str]:
+        import re
+
+        bad = [n for n in v if not re.fullmatch(NODE, n)]
+        if bad:
+            raise ValueError(f"not a node name: {bad[0]!r}")
         return v
 
 

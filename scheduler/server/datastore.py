@@ -1,14 +1,16 @@
 """Data sets on the server side: register a manifest, plan replica placement, change R.
 
 The server never touches shard bytes.  ``register_dataset`` stores the manifest, places R copies of
-each shard on up nodes (``scheduler.core.replicas.place_replicas``: each copy whole on one node where it
-fits, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
+each shard on up nodes (``scheduler.core.replicas.lay_out``: shaped for the nodes its jobs span, one copy
+whole on one node and the others striped, rack-aware, balanced by bytes) and answers with one upload per copy: the agent's address and a
 ticket (HMAC from the peer key) that lets the uploader PUT exactly that shard with exactly that
 checksum on exactly that node.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -17,12 +19,17 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.core.replicas import default_span, lay_out, reported_room
+from scheduler.protocol.messages import DATASET
 from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+
+
+def valid_dataset_name(name: str) -> bool:
+    return bool(re.fullmatch(DATASET, name)) and ".." not in name
 
 
 def _node_bytes(s: Session) -> dict[str, int]:
@@ -33,23 +40,64 @@ def _node_bytes(s: Session) -> dict[str, int]:
     return out
 
 
+def _up_nodes(s: Session, name: str, wanted: list[str]) -> list[Node]:
+    """The up nodes; refuses (naming it) a node in ``wanted`` that is unknown or not up."""
+    up_nodes = list(s.scalars(select(Node).where(Node.state == NodeState.UP).order_by(Node.name)))
+    names = {n.name for n in up_nodes}
+    for node in wanted:
+        if node not in names:
+            known = s.get(Node, node) is not None
+            raise Conflict(f"data set {name!r}: node {node!r} is {'not up' if known else 'not known'}"
+                           f"{'' if known else ' (gsched nodes lists them)'}", "nodes")
+    return up_nodes
+
+
+def scan_tickets(s: Session, now: float, who: Identity, name: str, nodes: list[str]) -> dict[str, Any]:
+    """``gsched data add``, step 1: may ``name`` be registered from files on ``nodes``?  Refuses a name
+    already taken and a node unknown or not up; answers, per node, its agent's address and a ticket
+    (good for the data server's ticket time) to ask it to hash the files: ``POST /scan/<name>``."""
+    require_person(who)
+    if not valid_dataset_name(name):
+        raise Unprocessable(f"invalid data set name {name!r}: use lowercase letters, digits, '_', '.', '-'", "name")
+    if s.get(Dataset, name) is not None:
+        raise Conflict(f"data set {name!r} already exists: pick another name (nothing was changed)", "name")
+    up = {n.name: n for n in _up_nodes(s, name, nodes)}
+    key = peer_key(s)
+    ts = int(time.time())  # the agents check a ticket's age against their own clocks
+    return {"name": name, "scans": [{"node": n, "address": up[n].address, "time": ts,
+                                     "ticket": ticket(key, "scan", n, name, ts)} for n in dict.fromkeys(nodes)]}
+
+
 def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> dict[str, Any]:
+    """Store a data set's manifest and say where its bytes go.
+
+    Built on the client (``gsched data make``): R copies are placed by ``lay_out`` and the answer has one
+    upload per copy.  Registered in place (``gsched data add``, ``body.in_place`` names the file of every
+    shard on the nodes holding it): those nodes hold the first copies, the answer has one link per file
+    (a ticket for its agent to make it the shard), and the cycle's replication phase copies the rest
+    from peer to peer.  Refuses a name already taken, shard indexes other than 0..N-1, a node not up and
+    a shard with no file; nothing is stored then."""
     require_person(who)
     if s.get(Dataset, body.name) is not None:
         raise Conflict(f"data set {body.name!r} already exists")
     indexes = [sh.index for sh in body.shards]
     if sorted(indexes) != list(range(len(indexes))):
         raise Unprocessable("shards: indexes must be 0..N-1, each once", "shards")
-    up_nodes = list(s.scalars(select(Node).where(Node.state == NodeState.UP).order_by(Node.name)))
+    if not body.in_place and not body.image_shape:
+        raise Unprocessable("image_shape: give [height, width, channels]", "image_shape")
+    up_nodes = _up_nodes(s, body.name, sorted({f.node for f in body.in_place}))
     up = [(n.name, n.rack) for n in up_nodes]
     if not up:
         raise Conflict("no node is up: start agents first (gsched agent ...)")
+    if body.in_place:
+        return _register_in_place(s, now, who, body, len(up))
+    span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards))
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
-                  replicas_required=body.replicas, owner=who.name, created_at=now))
+                  replicas_required=body.replicas, span=span, owner=who.name, created_at=now))
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
-    plan = place_replicas([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas,
-                          node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
+    plan = lay_out([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, span=span,
+                   node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}
@@ -64,6 +112,33 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     if len(up) < body.replicas:
         warning = f"only {len(up)} nodes are up: each shard gets {len(up)} of {body.replicas} copies for now"
     return {"name": body.name, "uploads": uploads, "warning": warning}
+
+
+def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n_up: int) -> dict[str, Any]:
+    files: dict[int, dict[str, str]] = defaultdict(dict)  # shard -> node -> path
+    for f in body.in_place:
+        if f.shard >= len(body.shards):
+            raise Unprocessable(f"in_place: shard {f.shard} is not one of the {len(body.shards)} shards", "in_place")
+        files[f.shard][f.node] = f.path
+    missing = [sh.index for sh in body.shards if sh.index not in files]
+    if missing:
+        raise Unprocessable(f"in_place: shard {missing[0]} has no file on any node", "in_place")
+    span = body.span if body.span is not None else default_span(body.replicas, n_up, len(body.shards))
+    s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
+                  replicas_required=body.replicas, span=span, owner=who.name, created_at=now))
+    key = peer_key(s)
+    addresses = dict(s.execute(select(Node.name, Node.address)).all())
+    links = []
+    for sh in body.shards:
+        s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
+        for node, path in sorted(files[sh.index].items()):
+            s.add(Replica(dataset=body.name, shard=sh.index, node=node, state=ReplicaState.STAGING, updated_at=now))
+            links.append({"shard": sh.index, "node": node, "address": addresses[node], "path": path,
+                          "sha256": sh.sha256, "ticket": ticket(key, "link", node, body.name, sh.index, sh.sha256)})
+    nodes = sorted({f.node for f in body.in_place})
+    record(s, now, who.actor, "data.add", f"{body.name}: {len(body.shards)} shards in place on {', '.join(nodes)}, "
+                                          f"{body.replicas} replicas")
+    return {"name": body.name, "links": links, "uploads": [], "warning": ""}
 
 
 def require_dataset_owner(d: Dataset, who: Identity) -> None:

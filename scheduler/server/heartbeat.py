@@ -276,6 +276,8 @@ def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
         if row is None or row.dst != hb.node:
             continue
         row.state, row.reason = TransferState(t.state), t.reason
+        if t.state == TransferState.RUNNING:
+            row.done_bytes = t.bytes  # the bytes so far: `gsched data ls` shows the copy's progress
         if t.state in (TransferState.DONE, TransferState.FAILED):
             row.ended_at = now
         if t.state == TransferState.DONE:

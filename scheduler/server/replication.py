@@ -14,6 +14,9 @@ from scheduler.server.service import record
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
 
 IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication copy not yet over
+# A copy the server expects on a node (an upload of `data make`, a file `data add` links) counts as
+# on its way for this long; one not reported by then is made again elsewhere.
+STAGING_GRACE_S = 120.0
 
 
 def schedule_replication(s: Session, now: float, concurrency: int) -> int:
@@ -21,6 +24,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
 
     At most ``concurrency`` re-replication transfers are in flight cluster-wide, so training traffic
     is not starved.  Corrupt copies are replaced first on the same node (a repair), else elsewhere.
+    A copy expected on a node (state STAGING, for ``STAGING_GRACE_S``) counts as one on its way.
     """
     inflight = s.scalar(select(func.count()).select_from(Transfer).where(
         Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT))) or 0
@@ -42,8 +46,12 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     # Bytes of each data set per node (healthy copies and copies on their way): a lost node's shards
     # are re-made together on one node (place_replicas' group rule), not scattered shard by shard.
     ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for ds, i, node, state in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state)):
+    arriving: dict[tuple[str, int], list[str]] = defaultdict(list)  # expected copies, within the grace
+    for ds, i, node, state, updated in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state,
+                                                        Replica.updated_at)):
         reps[(ds, i)].append((node, state))
+        if state == ReplicaState.STAGING and node in up_names and updated is not None and now - updated < STAGING_GRACE_S:
+            arriving[(ds, i)].append(node)
         if state == ReplicaState.HEALTHY and node in up_names:
             node_bytes[node] += sizes.get((ds, i), 0)
             ds_bytes[ds][node] += sizes.get((ds, i), 0)
@@ -59,7 +67,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
         if not healthy or len(healthy) >= want:
             continue
         pending_dst = [dst for (d, i, dst) in inflight_keys if d == ds and i == index]
-        have = healthy + pending_dst
+        have = list(dict.fromkeys(healthy + pending_dst + arriving.get((ds, index), [])))
         if len(have) >= want:
             continue
         # Nodes holding a corrupt or missing copy come first: repair in place.

@@ -418,15 +418,21 @@ def dataset_rows(s: Session) -> list[dict[str, Any]]:
     for r in s.scalars(select(Replica).order_by(Replica.dataset, Replica.shard, Replica.node)):
         state = r.state if r.node in up or r.state != ReplicaState.HEALTHY else ReplicaState.MISSING
         replicas[(r.dataset, r.shard)].append({"node": r.node, "state": state})
+    copies: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # copies under way, per shard
+    for t in s.scalars(select(Transfer).where(Transfer.state.in_((TransferState.PENDING, TransferState.RUNNING)),
+                                              Transfer.src != Transfer.dst).order_by(Transfer.id)):
+        copies[(t.dataset, t.shard)].append({"src": t.src, "dst": t.dst, "state": t.state, "done_bytes": t.done_bytes,
+                                             "bytes": t.bytes, "job_id": t.job_id})
     out: list[dict[str, Any]] = []
     for d in s.scalars(select(Dataset).order_by(Dataset.name)):
         shards: list[dict[str, Any]] = []
         for sh in s.scalars(select(Shard).where(Shard.dataset == d.name).order_by(Shard.index)):
             shards.append({"index": sh.index, "bytes": sh.bytes, "sha256": sh.sha256, "samples": sh.samples,
-                           "replicas": replicas.get((d.name, sh.index), [])})
+                           "replicas": replicas.get((d.name, sh.index), []),
+                           "copies": copies.get((d.name, sh.index), [])})
         healthy_min = min((sum(1 for rep in sh["replicas"] if rep["state"] == ReplicaState.HEALTHY) for sh in shards), default=0)
         out.append({"name": d.name, "source": d.source, "classes": d.classes, "image_shape": d.image_shape,
-                    "replicas_required": d.replicas_required, "replicas_healthy_min": healthy_min,
+                    "replicas_required": d.replicas_required, "span": d.span, "replicas_healthy_min": healthy_min,
                     "bytes": sum(sh["bytes"] for sh in shards), "samples": sum(sh["samples"] for sh in shards),
                     "shards": shards})
     return out

@@ -21,8 +21,9 @@ The model (every assumption is ours; the traces carry no data or model informati
 - **Data** (``--data datasets=40,shards=16,shard_mb=512,zipf=1.1,replicas=3,vary=0,cache_gb=0``):
   ``datasets`` data sets ``d000``... of ``shards`` shards of ``shard_mb`` MB (times a per-data-set
   factor drawn uniformly from ``[1-vary, 1+vary]``).  Their ``replicas`` copies are placed by
-  :func:`scheduler.core.replicas.place_replicas` (the code of ``gsched data``), data set by data set:
-  each copy whole on one node, the copies on the least-loaded nodes by bytes.  Each job reads one
+  :func:`scheduler.core.replicas.lay_out` (the code of ``gsched data``) with the span the server gives
+  a new data set (``default_span``), data set by data set: with two or more copies each copy whole on
+  one node, with one copy striped over the nodes; the copies on the least-loaded nodes by bytes.  Each job reads one
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
   ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
   staged shards on the destination node as extra copies (as the agent does), at most that many GB
@@ -90,7 +91,7 @@ from scheduler.core.errors import BadRequest
 from scheduler.core.fairshare import accrue
 from scheduler.core.placement import Candidate
 from scheduler.core.policy_config import PolicyConfig
-from scheduler.core.replicas import place_replicas
+from scheduler.core.replicas import default_span, lay_out, place_replicas
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 MB = 1_000_000
@@ -356,7 +357,8 @@ class Simulation:
             factor = 1.0 + (rng.uniform(-d.vary, d.vary) if d.vary > 0 else 0.0)
             size = max(1, int(d.shard_mb * MB * factor))
             self.shards[name] = tuple(ShardView(name, i, size, 1000) for i in range(d.shards))
-            plan = place_replicas([(i, size) for i in range(d.shards)], layout, d.replicas, node_bytes=node_bytes)
+            span = default_span(d.replicas, len(layout), d.shards)  # what the server lays a new one out for
+            plan = lay_out([(i, size) for i in range(d.shards)], layout, d.replicas, span=span, node_bytes=node_bytes)
             for i, holders in plan.items():
                 self.homes[(name, i)] = list(holders)
                 for n in holders:

@@ -82,6 +82,9 @@ class Dataset(Base):
     classes: Mapped[int] = mapped_column(Integer, default=0)
     image_shape: Mapped[Any] = mapped_column(JSON, default=list)
     replicas_required: Mapped[int] = mapped_column(Integer, default=2)
+    # how many nodes the data set's jobs spread over: its layout stripes copies over this many
+    # (scheduler.core.replicas.lay_out); 1 keeps every copy whole on one node
+    span: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     owner: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[float] = mapped_column(Float)
 
@@ -221,6 +224,7 @@ class Transfer(Base):
     src: Mapped[str] = mapped_column(String(64))
     dst: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    done_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # so far, while RUNNING
     state: Mapped[str] = mapped_column(String(16), default=TransferState.PENDING)  # TransferState
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)

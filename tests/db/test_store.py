@@ -81,6 +81,8 @@ def test_upgrade_from_the_previous_revision_keeps_every_row(db_url: str) -> None
                           "1.0, 1.0, 0.0, '{}', '{}')"))
         conn.execute(text("INSERT INTO cluster_samples (time, devices_total, devices_busy, pending, running, durations) "
                           "VALUES (7.0, 4, 2, 1, 1, '{}')"))
+        conn.execute(text("INSERT INTO datasets (name, source, classes, image_shape, replicas_required, owner, "
+                          "created_at) VALUES ('digits', 'digits', 10, '[8, 8, 1]', 2, 'alice', 3.0)"))
     d.upgrade()
     assert d.current_revision() == HEAD
     with d.engine.connect() as conn:
@@ -89,6 +91,8 @@ def test_upgrade_from_the_previous_revision_keeps_every_row(db_url: str) -> None
             ("j", "PENDING", 5.0, None)]
         assert conn.execute(text("SELECT devices_busy, leader FROM cluster_samples")).all() == [(2, "")]
         assert conn.execute(text("SELECT count(*) FROM leases")).scalar() == 0
+        # a data set stored before spans: laid out whole (span 1), as it was
+        assert conn.execute(text("SELECT name, replicas_required, span FROM datasets")).all() == [("digits", 2, 1)]
     d.dispose()
 
 

@@ -22,6 +22,7 @@ from agents.dataserver import DataServer
 from agents.launcher import RankRunner
 from agents.shardfile import MAGIC
 from agents.staging import ShardFlights
+from agents.throttle import Throttle
 from scheduler.cli.localcluster import free_port
 from scheduler.protocol.messages import Assignment
 
@@ -38,6 +39,7 @@ class StandInAgent:
         self.noted: list[tuple[str, int, str]] = []
         self.reports = 0
         self.flights = ShardFlights()  # the agent's own
+        self.throttle = Throttle()  # the agent's own, with its defaults
 
     def report_soon(self) -> None:
         self.reports += 1

@@ -1,7 +1,7 @@
 """Replica placement: distinct nodes, rack-aware, each copy of a data set kept whole on one node where it
 fits, balanced by bytes across data sets, keeps existing copies, re-makes a lost node's shards together."""
 
-from scheduler.core.replicas import place_replicas
+from scheduler.core.replicas import default_span, lay_out, place_replicas
 
 GB = 1_000_000_000
 TWO_RACKS = [("a", "r1"), ("b", "r1"), ("c", "r1"), ("d", "r2")]
@@ -88,3 +88,67 @@ def test_deterministic() -> None:
     shards = [(i, (i % 3 + 1) * GB) for i in range(20)]
     nodes = [(f"n{i}", f"r{i % 3}") for i in range(7)]
     assert place_replicas(shards, nodes, 3) == place_replicas(shards, nodes, 3)
+
+
+# lay_out: a new data set shaped for jobs spanning ``span`` nodes.  Each stripe of a copy is its shards
+# dealt round-robin by index; the nodes are the least loaded allowed ones (ties by name).
+
+
+def test_one_copy_striped_over_the_two_nodes_of_the_seed_case() -> None:
+    # 4 shards, R = 1, two one-device nodes, span 2: stripes {0, 2} and {1, 3}; a (first by name) takes
+    # the first stripe, b (now the least loaded) the second.  A 2-rank gang on a and b reads all 4 locally.
+    two = [("a", "r"), ("b", "r")]
+    assert lay_out([(i, GB) for i in range(4)], two, 1, span=2) == {0: ["a"], 1: ["b"], 2: ["a"], 3: ["b"]}
+
+
+def test_span_one_is_every_copy_whole_as_before() -> None:
+    shards = [(i, GB) for i in range(8)]
+    assert lay_out(shards, TWO_RACKS, 2, span=1) == place_replicas(shards, TWO_RACKS, 2)
+    assert lay_out(shards, TWO_RACKS, 2, span=1) == {i: ["a", "d"] for i in range(8)}
+
+
+def test_one_whole_copy_and_the_others_striped_over_other_nodes_and_racks() -> None:
+    nodes = [("a", "r1"), ("b", "r1"), ("c", "r1"), ("d", "r2"), ("e", "r2")]
+    placed = lay_out([(i, GB) for i in range(8)], nodes, 3, span=4)
+    # copy 0 whole on a (least loaded, first by name).  Copy 1 in 4 stripes {0,4} {1,5} {2,6} {3,7}: the
+    # rack rule sends the first two to r2 (d, then e: d now holds 2 GB); r2 is then taken by this copy,
+    # so the other two go to b and c (b first by name) in r1 next to a: the rule is best effort there.
+    # Copy 2: {0,4} sit on a (r1) and d (r2) already, so any rack will do:
+    # the least loaded not holding them is b (2 GB, by name before c); then c for {1,5} (on a, e);
+    # {2,6} are on a and b: d (2 GB) before e; {3,7} on a and c: e.
+    assert placed == {0: ["a", "d", "b"], 1: ["a", "e", "c"], 2: ["a", "b", "d"], 3: ["a", "c", "e"],
+                      4: ["a", "d", "b"], 5: ["a", "e", "c"], 6: ["a", "b", "d"], 7: ["a", "c", "e"]}
+    for copies in placed.values():
+        assert len(set(copies)) == 3  # distinct nodes
+    # copy 0 whole on one node; copies 1 and 2 each over 4 distinct nodes
+    assert {c[0] for c in placed.values()} == {"a"}
+    assert len({c[1] for c in placed.values()}) == 4 and len({c[2] for c in placed.values()}) == 4
+
+
+def test_more_stripes_than_nodes_share_nodes_never_with_another_copy() -> None:
+    # span 4 over 3 nodes: the width is 3 (stripes {0,3} {1,4} {2,5}), one node each
+    nodes = [("a", "r1"), ("b", "r1"), ("c", "r2")]
+    assert lay_out([(i, GB) for i in range(6)], nodes, 1, span=4) == {
+        0: ["a"], 1: ["b"], 2: ["c"], 3: ["a"], 4: ["b"], 5: ["c"]}
+    # R = 2 over 2 nodes, span 2: copy 0 whole on a; copy 1's two stripes both need a node other than a,
+    # so both land on b: each shard still has two distinct holders
+    two = [("a", "r"), ("b", "r")]
+    assert lay_out([(i, GB) for i in range(4)], two, 2, span=2) == {i: ["a", "b"] for i in range(4)}
+
+
+def test_stripes_respect_room_and_existing_load() -> None:
+    # b already stores 10 GB, c 0, a 5: stripes of one copy go to c then a (least loaded); b is passed over
+    nodes = [("a", "r"), ("b", "r"), ("c", "r")]
+    placed = lay_out([(i, GB) for i in range(4)], nodes, 1, span=2, node_bytes={"a": 5 * GB, "b": 10 * GB, "c": 0})
+    assert placed == {0: ["c"], 1: ["a"], 2: ["c"], 3: ["a"]}
+    # c has room for one shard only: stripe {0, 2} puts 0 on c and spills 2 over to a (next least loaded
+    # with room); stripe {1, 3} avoids both nodes of its copy and goes to b
+    placed = lay_out([(i, GB) for i in range(4)], nodes, 1, span=2, node_bytes={"a": 5 * GB, "b": 10 * GB, "c": 0},
+                     room={"c": GB})
+    assert placed == {0: ["c"], 1: ["b"], 2: ["a"], 3: ["b"]}
+
+
+def test_default_span() -> None:
+    assert default_span(1, nodes=2, shards=4) == 2  # the seed case: striped over both nodes
+    assert default_span(1, nodes=8, shards=4) == 4  # at most one stripe per shard
+    assert default_span(2, nodes=8, shards=4) == 1  # two or more copies: whole until gangs are seen

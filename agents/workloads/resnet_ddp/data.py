@@ -1,5 +1,8 @@
 """A rank's input: its own shard files, streamed, split, shuffled, augmented, batched, put on the device.
 
+A shard is a GSHARD1 file (``agents.shardfile``) or a WebDataset-style tar (``agents.wds``: ``KEY.png``
+or ``KEY.jpg`` with ``KEY.cls``), told apart by their first bytes; every image must have one shape.
+
 Each rank streams only its own shard files, one sample at a time.  The sample at position ``p`` of a
 shard (0-based) is held out for accuracy when ``p % 10 == 0``; the rest is the training split.  Each
 epoch visits the rank's shards in a seeded order through a seeded shuffle buffer of 1,024 samples and
@@ -26,19 +29,23 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from agents.shardfile import MAGIC, iter_shard
+from agents.wds import count_wds, is_tar, iter_wds
 
 HOLDOUT_EVERY = 10
 SHUFFLE_BUFFER = 1024
 
 
 def count_samples(path: str) -> tuple[int, tuple[int, int, int] | None]:
-    """Number of samples in a shard and the first sample's shape, reading headers only."""
+    """Number of samples in a shard and the first sample's shape, reading headers only (a tar: its
+    members' headers, and one image decoded)."""
+    if is_tar(path):
+        return count_wds(path)
     header = struct.Struct("<IHHB")
     n = 0
     shape = None
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
-            raise ValueError(f"{path}: not a gsched shard (bad magic)")
+            raise ValueError(f"{path}: neither a gsched shard (GSHARD1) nor a WebDataset tar")
         while head := f.read(header.size):
             if len(head) != header.size:
                 raise ValueError(f"{path}: truncated sample header")
@@ -48,6 +55,11 @@ def count_samples(path: str) -> tuple[int, tuple[int, int, int] | None]:
             f.seek(h * w * c, os.SEEK_CUR)
             n += 1
     return n, shape
+
+
+def iter_samples(path: str) -> Iterator[tuple[bytes, int, tuple[int, int, int]]]:
+    """``(pixels, label, (h, w, c))`` one sample at a time from either kind of shard."""
+    return iter_wds(path) if is_tar(path) else iter_shard(path)
 
 
 def split_counts(n: int) -> tuple[int, int]:
@@ -103,7 +115,7 @@ class ShardStream(IterableDataset):
         for i in order:
             if by_shard and i % workers != worker:
                 continue
-            for pos, (pixels, label, shape) in enumerate(iter_shard(self.shards[i])):
+            for pos, (pixels, label, shape) in enumerate(iter_samples(self.shards[i])):
                 held = pos % HOLDOUT_EVERY == 0
                 if held == self.train:
                     continue

@@ -1,4 +1,4 @@
-"""Data sets: making one, changing how many replicas it keeps (its owner or an admin), listing them,
+"""Data sets: making one (or registering one from files the nodes have: scan tickets), changing how many replicas it keeps (its owner or an admin), listing them,
 and the transfers under way."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import Request
 
 from scheduler.server import service as svc
-from scheduler.server.api_models import DatasetIn, PlaceIn
+from scheduler.server.api_models import DatasetIn, PlaceIn, ScanIn
 from scheduler.server.auth import Identity
-from scheduler.server.datastore import register_dataset, require_dataset_owner, set_replicas
+from scheduler.server.datastore import register_dataset, require_dataset_owner, scan_tickets, set_replicas
 from scheduler.server.routes.base import PERSON, Access, Name, Routes, again, context
 from scheduler.store.models import Dataset
 
@@ -32,6 +32,14 @@ def make_dataset(body: DatasetIn, request: Request) -> dict[str, Any]:
     ctx = context(request)
     with ctx.db.session() as s:
         return register_dataset(s, ctx.clock.now(), again(s, request), body)
+
+
+@routes.route("POST", "/v1/datasets/{name}/scan", PERSON)
+def scan(name: Name, body: ScanIn, request: Request) -> dict[str, Any]:
+    """``gsched data add``: tickets for the nodes' agents to hash the files (see datastore.scan_tickets)."""
+    ctx = context(request)
+    with ctx.db.session() as s:  # the first ticket ever made may create the peer key
+        return scan_tickets(s, ctx.clock.now(), again(s, request), name, body.nodes)
 
 
 @routes.route("POST", "/v1/datasets/{name}/place", DATASET_OWNER)

@@ -1,0 +1,31 @@
+"""The seed's own case on real agents: two one-device nodes, a data set of one copy, a 2-rank job.
+
+With one copy striped over the two nodes (``scheduler.core.replicas.lay_out``), each rank reads its half
+from its own disk; with the copy kept whole on one node the second rank staged half the data set.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.cli.localcluster import NodeSpec
+from tests.conftest import TINY_SOURCE, job_toml
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_rank_job_over_two_nodes_reads_a_one_copy_data_set_all_locally(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    c = make_cluster([NodeSpec("n1", "r1", gpus=1), NodeSpec("n2", "r1", gpus=1)]).start()
+    c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "4", "--replicas", "1")
+    (ds,) = c.admin().get("/v1/datasets")
+    holders = {sh["index"]: [r["node"] for r in sh["replicas"]] for sh in ds["shards"]}
+    assert ds["span"] == 2
+    assert holders == {0: ["n1"], 1: ["n2"], 2: ["n1"], 3: ["n2"]}  # striped: {0, 2} and {1, 3}
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("gang", ranks=2, epochs=1))
+    job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
+    doc = c.wait_job(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    assert doc["state"] == "COMPLETED", doc["reason"]
+    assert sorted(r["node"] for r in doc["ranks"]) == ["n1", "n2"]
+    assert doc["local_fraction"] == 1.0 and doc["transfer_bytes"] == 0
+    assert all(s["local"] for s in doc["shards"])
