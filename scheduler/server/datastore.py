@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
@@ -25,11 +25,19 @@ from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
-from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+from scheduler.store.models import Dataset, Device, Node, Replica, Shard, Transfer
 
 
 def valid_dataset_name(name: str) -> bool:
     return bool(re.fullmatch(DATASET, name)) and ".." not in name
+
+
+def _most_devices(s: Session, up_nodes: list[Node]) -> int:
+    """The most healthy devices any of these nodes has (1 when none reported any)."""
+    names = [n.name for n in up_nodes]
+    counts = s.execute(select(Device.node, func.count()).where(Device.node.in_(names), Device.healthy.is_(True))
+                       .group_by(Device.node)).all() if names else []
+    return max((int(c) for _, c in counts), default=1)
 
 
 def _node_bytes(s: Session) -> dict[str, int]:
@@ -90,8 +98,9 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     if not up:
         raise Conflict("no node is up: start agents first (gsched agent ...)")
     if body.in_place:
-        return _register_in_place(s, now, who, body, len(up))
-    span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards))
+        return _register_in_place(s, now, who, body, len(up), _most_devices(s, up_nodes))
+    span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards),
+                                                                 _most_devices(s, up_nodes))
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
                   replicas_required=body.replicas, span=span, owner=who.name, created_at=now))
     for sh in body.shards:
@@ -114,7 +123,8 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     return {"name": body.name, "uploads": uploads, "warning": warning}
 
 
-def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n_up: int) -> dict[str, Any]:
+def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n_up: int,
+                       most_devices: int) -> dict[str, Any]:
     files: dict[int, dict[str, str]] = defaultdict(dict)  # shard -> node -> path
     for f in body.in_place:
         if f.shard >= len(body.shards):
@@ -123,7 +133,7 @@ def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n
     missing = [sh.index for sh in body.shards if sh.index not in files]
     if missing:
         raise Unprocessable(f"in_place: shard {missing[0]} has no file on any node", "in_place")
-    span = body.span if body.span is not None else default_span(body.replicas, n_up, len(body.shards))
+    span = body.span if body.span is not None else default_span(body.replicas, n_up, len(body.shards), most_devices)
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
                   replicas_required=body.replicas, span=span, owner=who.name, created_at=now))
     key = peer_key(s)

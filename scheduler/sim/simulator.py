@@ -22,8 +22,8 @@ The model (every assumption is ours; the traces carry no data or model informati
   ``datasets`` data sets ``d000``... of ``shards`` shards of ``shard_mb`` MB (times a per-data-set
   factor drawn uniformly from ``[1-vary, 1+vary]``).  Their ``replicas`` copies are placed by
   :func:`scheduler.core.replicas.lay_out` (the code of ``gsched data``) with the span the server gives
-  a new data set (``default_span``), data set by data set: with two or more copies each copy whole on
-  one node, with one copy striped over the nodes; the copies on the least-loaded nodes by bytes.  Each job reads one
+  a new data set (``default_span``), data set by data set: each copy whole on one node, except one copy
+  on nodes of one device, striped over the nodes; the copies on the least-loaded nodes by bytes.  Each job reads one
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
   ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
   staged shards on the destination node as extra copies (as the agent does), at most that many GB
@@ -357,7 +357,7 @@ class Simulation:
             factor = 1.0 + (rng.uniform(-d.vary, d.vary) if d.vary > 0 else 0.0)
             size = max(1, int(d.shard_mb * MB * factor))
             self.shards[name] = tuple(ShardView(name, i, size, 1000) for i in range(d.shards))
-            span = default_span(d.replicas, len(layout), d.shards)  # what the server lays a new one out for
+            span = default_span(d.replicas, len(layout), d.shards, max(self.devices.values(), default=1))  # as the server
             plan = lay_out([(i, size) for i in range(d.shards)], layout, d.replicas, span=span, node_bytes=node_bytes)
             for i, holders in plan.items():
                 self.homes[(name, i)] = list(holders)

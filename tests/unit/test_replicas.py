@@ -149,6 +149,7 @@ def test_stripes_respect_room_and_existing_load() -> None:
 
 
 def test_default_span() -> None:
-    assert default_span(1, nodes=2, shards=4) == 2  # the seed case: striped over both nodes
+    assert default_span(1, nodes=2, shards=4) == 2  # the seed case: one-device nodes, striped over both
     assert default_span(1, nodes=8, shards=4) == 4  # at most one stripe per shard
-    assert default_span(2, nodes=8, shards=4) == 1  # two or more copies: whole until gangs are seen
+    assert default_span(2, nodes=8, shards=4) == 1  # two or more copies: whole, each node of a gang may hold one
+    assert default_span(1, nodes=16, shards=16, devices_per_node=8) == 1  # most jobs fit on one 8-device node
