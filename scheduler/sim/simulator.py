@@ -24,8 +24,9 @@ The model (every assumption is ours; the traces carry no data or model informati
   :func:`scheduler.core.replicas.place_replicas` (the code of ``gsched data``), data set by data set:
   each copy whole on one node, the copies on the least-loaded nodes by bytes.  Each job reads one
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
-  ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
-  staged shards on the destination node as extra copies (as the agent does), at most that many GB
+  ``--seed``, so every policy sees the same jobs reading the same data.  ``--data none`` turns the
+  data model off: jobs read nothing, every read counts as local and nothing is moved (for data-blind
+  comparisons with other simulators).  ``cache_gb`` > 0 keeps staged shards on the destination node as extra copies (as the agent does), at most that many GB
   per node, least recently used evicted first; 0 (the default) discards them after the job, i.e.
   every job stages its missing bytes again.  Jobs bound in one cycle that need the same missing
   shard on the same node move its bytes once (the agent fetches a shard once for every rank of its
@@ -154,10 +155,15 @@ class DataSpec:
     replicas: int = 3
     vary: float = 0.0
     cache_gb: float = 0.0
+    none: bool = False  # no data model: jobs read nothing, so every read is local and nothing moves
 
     @classmethod
     def parse(cls, text: str | None) -> DataSpec:
-        kw = _parse_kv(text, "--data", {f.name: (int if f.type == "int" else float) for f in fields(cls)})
+        """``--data``: ``none``, or comma-separated ``key=value`` overrides of the defaults."""
+        if text is not None and text.strip().lower() == "none":
+            return cls(none=True)
+        kw = _parse_kv(text, "--data", {f.name: (int if f.type == "int" else float) for f in fields(cls)
+                                              if f.name != "none"})
         spec = cls(**kw)
         if spec.datasets < 1 or spec.shards < 1 or spec.replicas < 1 or spec.shard_mb <= 0:
             raise BadRequest("--data: datasets, shards, replicas and shard_mb must be positive")
@@ -278,7 +284,7 @@ class _Job:
     key: str
     user: str
     devices: int
-    dataset: str
+    dataset: str | None  # None: no data model (``--data none``)
     submit_s: float
     remaining_s: float
     pending_since_s: float
@@ -351,7 +357,7 @@ class Simulation:
         self.shards: dict[str, tuple[ShardView, ...]] = {}
         self.homes: dict[tuple[str, int], list[str]] = {}
         node_bytes: dict[str, int] = dict.fromkeys(self.node_names, 0)
-        for k in range(d.datasets):
+        for k in range(0 if d.none else d.datasets):
             name = f"d{k:03d}"
             factor = 1.0 + (rng.uniform(-d.vary, d.vary) if d.vary > 0 else 0.0)
             size = max(1, int(d.shard_mb * MB * factor))
@@ -377,7 +383,7 @@ class Simulation:
         self.clipped = 0
         self.t0 = min((t.submit_s for t in trace), default=0.0)
         for i, t in enumerate(trace, start=1):
-            ds = names[min(bisect.bisect_left(cum, rng.random() * acc), len(names) - 1)]
+            ds = names[min(bisect.bisect_left(cum, rng.random() * acc), len(names) - 1)] if names else None
             devices = t.gpus
             if devices > self.total_devices:
                 devices = self.total_devices
@@ -493,6 +499,8 @@ class Simulation:
         job.end_s = job.run_start_s + job.remaining_s
         self.running[job.id] = job
         self._push(job.end_s, _END, (job.id, job.attempt))
+        if job.dataset is None:
+            return  # no data model: nothing read, nothing staged
         staging = set(plan.staging)
         for r in cand.reads:
             self.read_bytes += r.bytes
@@ -785,7 +793,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         r0 = results[0]
         caption = (f"{len(trace)} jobs from {args.trace}; {cluster.nodes} nodes x {cluster.devices_per_node} "
-                   f"devices in {min(cluster.racks, cluster.nodes)} racks; data {data}; seed {args.seed}; "
+                   f"devices in {min(cluster.racks, cluster.nodes)} racks; data {'none' if data.none else data}; seed {args.seed}; "
                    f"{r0.clipped} job(s) wider than the cluster clipped to {cluster.nodes * cluster.devices_per_node}")
         print_table(results, caption)
     if args.plot:
