@@ -264,7 +264,7 @@ def test_flow_prefers_cheap_placements_and_higher_priority_under_contention() ->
 def test_registry_lists_valid_names_on_a_typo() -> None:
     assert set(ARBITERS) >= {"twostage", "flow", "fifo", "fairshare"}
     assert get_arbiter("twostage") is ARBITERS["twostage"]
-    with pytest.raises(ValueError, match="choose one of fairshare, fifo, flow, twostage"):
+    with pytest.raises(ValueError, match="choose one of backfill, fairshare, fifo, flow, twostage"):
         get_arbiter("twostgae")
 
 
@@ -349,3 +349,26 @@ def test_a_job_that_stages_anyway_leaves_the_only_local_room_of_another_data_set
     # job 2 still reads e locally on x
     assert bound_nodes(d) == {1: {"y": 1}, 2: {"x": 1}}
     assert (d.bindings[1].transfer_cost_ms, d.bindings[2].transfer_cost_ms) == (800, 0)
+
+
+def test_backfill_baseline_reserves_for_the_top_job_and_backfills_data_blind() -> None:
+    # big_gang_snapshot at t=2: job 1 (8 devices) fits nowhere and gets the reservation n1+n2 from
+    # t=1000 (job 9 ends then); job 2 (an hour, 4 devices) would take n2 past 1000: held back; job 3
+    # (500 s) ends at 502 <= 1000: backfilled on n2, as twostage does.
+    _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig(arbiter="backfill"))
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 4 free; devices reserved for it from t=1000s",
+                                2: "reserved for job 1 until t=1000s"}
+    assert bound_nodes(d) == {3: {"n2": 4}}
+    # Data-blind: a holds the data with 2 free, b has 4 free across racks; packing takes b (most free),
+    # both shards staged across racks (2 x 800 ms), where twostage reads locally on a.
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=2).holds("d", shards=[0, 1])
+        .node("b", rack="r2")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    _, d = decided(snap, PolicyConfig(arbiter="backfill"))
+    assert bound_nodes(d) == {1: {"b": 2}} and d.bindings[1].transfer_cost_ms == 1600
