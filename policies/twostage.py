@@ -111,6 +111,27 @@ def break_ties_by_cost(
     return out
 
 
+def starving_first(ordered: Sequence[JobView], now_s: float, cfg: PolicyConfig) -> list[JobView]:
+    """The starvation bound: the job pending longest, if it has been pending at least ``max_wait_s``,
+    goes first (it starts now, or takes the reservation); everyone else keeps ``ordered``'s order.
+    One job per cycle is moved, so fair share still orders all the others.  ``max_wait_s`` <= 0: off."""
+    if cfg.max_wait_s <= 0 or not ordered:
+        return list(ordered)
+    head = min(ordered, key=lambda j: j.pending_since_s)  # first of equal waits in the given order
+    if now_s - head.pending_since_s < cfg.max_wait_s:
+        return list(ordered)
+    return [head] + [j for j in ordered if j is not head]
+
+
+def may_reserve(job: JobView, now_s: float, cfg: PolicyConfig) -> bool:
+    """May ``job`` take the reservation?  Once it has been pending ``reserve_min_wait_s`` (Slurm's
+    ``bf_min_age_reserve``), or ``max_wait_s`` when that bound is on (it is then first in the order)."""
+    waited = now_s - job.pending_since_s
+    if cfg.max_wait_s > 0 and waited >= cfg.max_wait_s:
+        return True
+    return waited >= cfg.reserve_min_wait_s
+
+
 class TwoStageArbiter:
     """The default arbiter (see the module docstring)."""
 
@@ -126,6 +147,7 @@ class TwoStageArbiter:
         index = index if index is not None else build_index(snap)
         ordered, prios, factors = queue_order(snap, cfg)
         ordered = break_ties_by_cost(ordered, prios, candidates, cfg)
+        ordered = starving_first(ordered, snap.now_s, cfg)
         d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)
         ledger = FreeLedger(index)
         bound_ends: list[tuple[float, dict[str, int]]] = []
@@ -180,7 +202,7 @@ class TwoStageArbiter:
                     d.reasons[job.id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
-                if res is None:
+                if res is None and may_reserve(job, now, cfg):
                     res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
                     if res is not None:
                         ledger.hold(res.held)

@@ -30,5 +30,13 @@ class PolicyConfig:
     # Philly replay 600 s -> 3600 s took bytes moved 3.19 -> 3.01 TB and local reads 0.922 -> 0.927
     # with mean JCT 16921 -> 16915 s; 4 h gained little more (2.97 TB).
     tie_window_s: float = 3600.0
+    # twostage: the reservation (devices held idle so the first gang that fits nowhere can start) is
+    # taken only for a job that has been pending at least reserve_min_wait_s (Slurm's
+    # bf_min_age_reserve); until then jobs behind it use every free device.  0 reserves at once.
+    reserve_min_wait_s: float = 0.0
+    # twostage: the starvation bound.  The job pending longest, once it has been pending max_wait_s,
+    # goes first in the order: it starts at once or takes the reservation, so it starts by the end
+    # (by time limits) of the jobs running then.  0 turns the bound off.
+    max_wait_s: float = 0.0
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0

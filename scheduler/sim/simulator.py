@@ -55,7 +55,7 @@ The model (every assumption is ours; the traces carry no data or model informati
 
 Metrics (per policy)
 --------------------
-JCT = completion - submit; queueing delay = time spent pending (all attempts); makespan = last
+JCT = completion - submit; queueing delay = time spent pending (all attempts; mean, p50, p99, max); makespan = last
 completion - first submit; utilisation = device-seconds held / device-seconds of up nodes over the
 makespan; local fraction = 1 - bytes staged / bytes read, over every attempt's reads; bytes moved
 (and the part across racks) by jobs' staging; restarts = requeues after node failures.
@@ -98,6 +98,7 @@ MB = 1_000_000
 GB = 1_000_000_000
 FAIRNESS_WINDOW_S = 3600.0
 JSON_FIELDS = ("policy", "jobs", "mean_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "mean_queue_s",
+               "p50_queue_s", "p99_queue_s", "max_queue_s",
                "makespan_s", "utilization", "local_fraction", "bytes_moved", "cross_rack_bytes", "jain",
                "restarts")
 
@@ -223,6 +224,9 @@ class SimResult:
     p95_jct_s: float
     p99_jct_s: float
     mean_queue_s: float
+    p50_queue_s: float
+    p99_queue_s: float
+    max_queue_s: float
     makespan_s: float
     utilization: float
     local_fraction: float
@@ -645,6 +649,7 @@ class Simulation:
     def _result(self, policy: str) -> SimResult:
         done = sorted(self.done, key=lambda j: j.id)
         jcts = [j.end_s - j.submit_s for j in done]
+        queues = [j.queue_s for j in done]
         first = min((j.submit_s for j in self.jobs.values()), default=0.0)
         last = max((j.end_s for j in done), default=first)
         jain_num = jain_den = 0.0
@@ -664,7 +669,10 @@ class Simulation:
             p50_jct_s=round(percentile(jcts, 50), 3),
             p95_jct_s=round(percentile(jcts, 95), 3),
             p99_jct_s=round(percentile(jcts, 99), 3),
-            mean_queue_s=round(sum(j.queue_s for j in done) / len(done), 3) if done else 0.0,
+            mean_queue_s=round(sum(queues) / len(done), 3) if done else 0.0,
+            p50_queue_s=round(percentile(queues, 50), 3),
+            p99_queue_s=round(percentile(queues, 99), 3),
+            max_queue_s=round(max(queues, default=0.0), 3),
             makespan_s=round(last - first, 3),
             utilization=round(self.busy_ds / self.capacity_ds, 6) if self.capacity_ds > 0 else 0.0,
             local_fraction=round(1 - self.moved_bytes / self.read_bytes, 6) if self.read_bytes else 1.0,
@@ -732,6 +740,8 @@ def print_table(results: Sequence[SimResult], caption: str) -> None:
         ("p95 JCT", lambda r: _fmt_s(r.p95_jct_s)),
         ("p99 JCT", lambda r: _fmt_s(r.p99_jct_s)),
         ("mean queueing", lambda r: _fmt_s(r.mean_queue_s)),
+        ("p50 / p99 / max queueing", lambda r: f"{_fmt_s(r.p50_queue_s)} / {_fmt_s(r.p99_queue_s)} / "
+                                               f"{_fmt_s(r.max_queue_s)}"),
         ("makespan", lambda r: _fmt_s(r.makespan_s)),
         ("utilisation", lambda r: f"{r.utilization:.3f}"),
         ("local-read fraction", lambda r: f"{r.local_fraction:.3f}"),
