@@ -372,3 +372,56 @@ def test_backfill_baseline_reserves_for_the_top_job_and_backfills_data_blind() -
     )  # fmt: skip
     _, d = decided(snap, PolicyConfig(arbiter="backfill"))
     assert bound_nodes(d) == {1: {"b": 2}} and d.bindings[1].transfer_cost_ms == 1600
+
+
+def test_reservation_waits_until_the_job_has_been_pending_reserve_min_wait_s() -> None:
+    # big_gang_snapshot: job 1 (8 devices) fits nowhere until job 9 ends at t=1000.
+    cfg = PolicyConfig(reserve_min_wait_s=600)
+    # t=2: job 1 has waited 2 s < 600: no reservation, so job 2 (an hour) takes n2 and job 3 waits.
+    _, d = decided(big_gang_snapshot(2, n1_free=0), cfg)
+    assert d.reservation is None
+    assert bound_nodes(d) == {2: {"n2": 4}}
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 4 free", 3: "devices busy: needs 4, 0 free"}
+    # t=600: job 1 has waited 600 s: it takes the reservation (n1+n2 from 1000) as before; job 3
+    # (500 s, ends 1100 > 1000) no longer backfills, job 2 (an hour) neither.
+    _, d = decided(big_gang_snapshot(600, n1_free=0), cfg)
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert d.bindings == {}
+
+
+def starving_gang_snapshot(now_s: float):
+    # Nodes a, b of 4 devices.  Seven 1-device jobs of user carol run, ending at 3700, 3800, ... 4300
+    # (a: 4 of them, b: 3, so b has 1 free).  Job 1: user wide's gang of 8 (the whole cluster),
+    # pending since t=0; wide's usage is large, so fair share puts it last.  Jobs 2 and 3: x and y,
+    # 1 device for 600 s, pending since 3500 (the stream of small jobs of other users).
+    b = cluster().node("a", free=0).node("b", free=1).usage(wide=1e6, x=0.0, y=0.0, carol=0.0)
+    for i in range(7):
+        b.running(10 + i, "carol", {"a" if i < 4 else "b": 1}, end_by_s=3700 + 100 * i)
+    b.pending(job(1, user="wide", ranks=8, submit_s=0),
+              job(2, user="x", submit_s=3500, time_limit_s=600),
+              job(3, user="y", submit_s=3500, time_limit_s=600))
+    return b.at(now_s).build()
+
+
+def test_a_cluster_wide_gang_behind_small_jobs_of_others_is_first_once_it_waited_max_wait_s() -> None:
+    cfg = PolicyConfig(max_wait_s=3600, reserve_min_wait_s=3600)
+    # t=3599: fair share first (x, y, then wide); x takes b's free device; y is the first job that fits
+    # nowhere but has waited only 99 s < 3600: nobody reserves, and the gang would wait for ever
+    # behind such a stream.
+    _, d = decided(starving_gang_snapshot(3599), cfg)
+    assert d.order == [2, 3, 1]
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert d.reservation is None
+    # t=3600: the gang has waited max_wait_s: it goes first and takes the reservation, a and b from
+    # 4300 (the last of carol's jobs ends then).  x (600 s: ends 4200 <= 4300) still backfills on b's
+    # free device; y finds nothing free.
+    _, d = decided(starving_gang_snapshot(3600), cfg)
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"a": 4, "b": 4}, 4300.0)
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 1 free; devices reserved for it from t=4300s",
+                                3: "devices busy: needs 1, 0 free"}
+    # With the bound off and reservations at once (the old default), the reservation goes to the
+    # first small job that fits nowhere, never to the gang.
+    _, d = decided(starving_gang_snapshot(3600), PolicyConfig())
+    assert d.order == [2, 3, 1] and d.reservation is not None and d.reservation[0] == 3
