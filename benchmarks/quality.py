@@ -12,9 +12,11 @@ The grid (our assumptions; the traces carry no data or cluster information):
   window's demand only if it kept running long after the window; jobs wider than the cluster are
   clipped to it (counted per cell).
 - **Seeds** 0, 1, 2 (the data layout and each job's data set) on the 500-job slices; seed 0 only on
-  the 5,000-job slices (:data:`SEEDS_BY_SLICE`: seeds 1 and 2 of those are the dropped cells, to keep
-  the grid within about 30 minutes on 2 cores).
-- **Node cache** 0 and 200 GB (staged shards kept on the node, LRU).
+  the 5,000-job slices (:data:`SEEDS_BY_SLICE`).
+- **Node cache** 0 and 200 GB (staged shards kept on the node, LRU) on the 500-job slices; 0 only on
+  the 5,000-job slices (:data:`CACHES_BY_SLICE`).  The dropped cells (5,000-job slices: seeds 1, 2
+  and cache 200 GB) keep the grid within about 30 minutes on 2 cores: one contended 5,000-job cell
+  takes 40-300 s per policy (``flow`` the slowest).
 - **Data**: 40 data sets of 16 shards x 512 MB, 3 replicas (``place_replicas``), Zipf(1.1)
   popularity; one device per rank; cycles every 10 simulated seconds; no failures.
 - **Policies**: the default ``twostage`` and the baselines ``fairshare``, ``flow``, ``fifo`` and
@@ -53,6 +55,8 @@ LOADS = (0.7, 1.0, 1.5, 2.5)
 SEEDS_BY_SLICE = {"philly_500.csv": (0, 1, 2), "itp_500.csv": (0, 1, 2), "philly_5000.csv": (0,),
                   "itp_5000.csv": (0,)}
 CACHES_GB = (0.0, 200.0)
+CACHES_BY_SLICE = {"philly_500.csv": CACHES_GB, "itp_500.csv": CACHES_GB, "philly_5000.csv": (0.0,),
+                   "itp_5000.csv": (0.0,)}
 POLICIES = ("twostage", "fairshare", "flow", "fifo", "backfill")
 BASELINES = POLICIES[1:]
 DEVICES_PER_NODE = 8
@@ -116,7 +120,7 @@ def grid(quick: bool) -> list[Cell]:
     if quick:
         return [Cell(s, 2.5, 0, c, QUICK_LIMIT) for s in ("philly_500.csv", "itp_500.csv") for c in CACHES_GB]
     return [Cell(s, load, seed, c) for s in SLICES for load in LOADS for seed in SEEDS_BY_SLICE[s]
-            for c in CACHES_GB]
+            for c in CACHES_BY_SLICE[s]]
 
 
 def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:

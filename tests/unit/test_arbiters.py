@@ -14,6 +14,9 @@ from scheduler.core.snapshot import Snapshot
 from tests.builders import cluster, job
 
 NO_WAIT = PolicyConfig(locality_wait_s=0)
+# The reservation mechanics at once: a blocked job reserves however short its wait (the default
+# waits reserve_min_wait_s, 4 days, and bounds starvation with max_wait_s; tested at the end).
+RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0)
 
 
 def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
@@ -68,7 +71,7 @@ def test_lower_usage_user_goes_first() -> None:
         .at(5)
         .build()
     )
-    _, d = decided(snap, PolicyConfig())
+    _, d = decided(snap, RESERVE_AT_ONCE)
     # alice: U_norm 1, S_norm 0.5 -> 2^-2 = 0.25; bob: no usage -> 1.0
     assert d.order == [2, 1]
     assert d.factors == {1: 0.25, 2: 1.0}
@@ -161,14 +164,14 @@ def big_gang_snapshot(now_s: float, n1_free: int):
 
 
 def test_reserved_big_gang_starts_before_later_small_jobs_that_would_delay_it() -> None:
-    _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig())
+    _, d = decided(big_gang_snapshot(2, n1_free=0), RESERVE_AT_ONCE)
     assert d.order == [1, 2, 3]
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
     assert d.reasons[1].text() == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
     assert d.reasons[2].text() == "reserved for job 1 until t=1000s"
     assert bound_nodes(d) == {3: {"n2": 4}}  # backfilled: ends at 2 + 500 = 502 <= 1000
     # At t=1000 job 9 and job 3 are gone: the big gang starts first, job 2 still waits.
-    _, d = decided(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
+    _, d = decided(big_gang_snapshot(1000, n1_free=4), RESERVE_AT_ONCE)
     assert bound_nodes(d) == {1: {"n1": 4, "n2": 4}}
     # job 2 is now the first that does not fit: it gets the reservation, from 1000 + 3600
     assert d.reasons[2].text() == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
@@ -185,7 +188,7 @@ def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
         .at(2)
         .build()
     )
-    _, d = decided(snap, PolicyConfig())
+    _, d = decided(snap, RESERVE_AT_ONCE)
     # job 1 needs 8 of n1+n2 (fewest nodes; n3 is too small to matter): reserved n1, n2 from t=1000.
     # job 2 runs an hour but fits on n3, outside the reservation.
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
@@ -325,7 +328,7 @@ def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> 
         .at(100)
         .build()
     )  # fmt: skip
-    _, d = decided(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600, reserve_min_wait_s=0))
     # job 2 is local on a and tied with job 1, but job 1 (no candidate now) is not passed: it
     # reserves a from t=500, and job 2 (one hour) may not take the reserved device
     assert d.order == [1, 2]
@@ -423,5 +426,5 @@ def test_a_cluster_wide_gang_behind_small_jobs_of_others_is_first_once_it_waited
                                 3: "devices busy: needs 1, 0 free"}
     # With the bound off and reservations at once (the old default), the reservation goes to the
     # first small job that fits nowhere, never to the gang.
-    _, d = decided(starving_gang_snapshot(3600), PolicyConfig())
+    _, d = decided(starving_gang_snapshot(3600), RESERVE_AT_ONCE)
     assert d.order == [2, 3, 1] and d.reservation is not None and d.reservation[0] == 3
