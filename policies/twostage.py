@@ -5,6 +5,8 @@ For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
 term adds in ``tie_window_s``, the ones that can read their data locally go first):
 
+0. **Starvation bound**: the job pending longest, once it has been pending ``max_wait_s``, is taken
+   first (:func:`starving_first`), ahead of that order.
 1. A job that can never run, or whose data has no live copy, is skipped with that reason.
 2. Its candidates that fit the devices still free are kept (after a reservation exists, jobs that would
    still run at its start must also leave the reserved devices alone).  If none fits but enough
@@ -23,7 +25,8 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
    2.25 -> 1.98 TB).  Waiting holds nothing, so others (lower in the queue, whose data is there)
    may use those devices meanwhile.
 4. Otherwise it binds the best fitting candidate (whole gang, devices taken from the ledger).
-5. **Reservation**: the first (highest-priority) job that fits nowhere gets a reservation: the
+5. **Reservation**: the first job in that order that fits nowhere and has been pending at least
+   ``reserve_min_wait_s`` (Slurm's ``bf_min_age_reserve``; or ``max_wait_s``) gets a reservation: the
    earliest time ``T`` at which, as running jobs (and jobs bound this cycle) end by their time limits,
    stage 1 finds a placement for it, and that placement's devices.  Later jobs may backfill if they end
    (``now_s + time_limit_s``) by ``T``, or if they leave enough devices on the reserved nodes for the
