@@ -20,22 +20,57 @@ from benchmarks.common import Report, machine, today
 SECTIONS = ("cycle", "quality", "control", "launch")
 
 
-def write_results(report: Report, path: Path, argv: list[str], wall_s: float) -> None:
+def write_results(report: Report, path: Path, argv: list[str], wall_s: float,
+                  ran: tuple[str, ...] = SECTIONS) -> None:
+    """Write the results file.  Figure and note lines of sections this run did not run (``--only``)
+    are kept from the existing file, marked with the date they came from; so are its hand-written
+    ``## `` sections, after the generated ones."""
+    old_figs, old_notes = _lines_of_other_sections(path, ran)
     lines = ["# gsched benchmark results", "",
              f"- date: {today()}", f"- machine: {machine()}",
              f"- command: `{' '.join(['python -m benchmarks', *argv])}`", f"- wall time: {wall_s:.0f} s", "",
              "Each line: absolute values; the ratio against the baseline measured in the same run; the target.",
-             "Section docstrings in `benchmarks/*.py` describe each set-up.", "", "## Figures", ""]
-    lines += [f"- {f.line()}" for f in report.figures]
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
-    kept = _hand_written_sections(path)
+             "Section docstrings in `benchmarks/*.py` describe each set-up."]
+    lines += ["", "## Figures", ""]
+    lines += [f"- {f.line()}" for f in report.figures] + old_figs
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + old_notes + [""]
+    for title, body in report.sections.items():
+        lines += [title, "", body.rstrip(), ""]
+    kept = _hand_written_sections(path, tuple(report.sections))
     path.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 
 
 GENERATED = ("## Figures", "## Notes")
+KEPT = "(from the run of "
 
 
-def _hand_written_sections(path: Path) -> str:
+def _tag(line: str) -> str:
+    """The section of a figure or note line ("- [cycle] ..." -> "cycle")."""
+    return line.removeprefix("- [").split("]", 1)[0]
+
+
+def _lines_of_other_sections(path: Path, ran: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(figure lines, note lines) of the existing file's sections that are not in ``ran``, each marked
+    "(from the run of DATE)" once, with the date of the file it first came from."""
+    if not path.is_file():
+        return [], []
+    figs: list[str] = []
+    notes: list[str] = []
+    date = ""
+    part = None
+    for line in path.read_text().splitlines():
+        if line.startswith("- date: ") and not date:
+            date = line.removeprefix("- date: ").split(" (", 1)[0]
+        if line.startswith("## "):
+            part = line.strip()
+        elif line.startswith("- [") and part in GENERATED and _tag(line) not in ran:
+            if KEPT not in line:
+                line = f"{line} {KEPT}{date})"
+            (figs if part == "## Figures" else notes).append(line)
+    return figs, notes
+
+
+def _hand_written_sections(path: Path, generated: tuple[str, ...] = ()) -> str:
     """The ``## `` sections of an existing results file that a run does not generate (device figures,
     caveats, separately run sections): a new run keeps them after its own."""
     if not path.is_file():
@@ -44,7 +79,7 @@ def _hand_written_sections(path: Path) -> str:
     keep = False
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            keep = line.strip() not in GENERATED
+            keep = line.strip() not in GENERATED + generated + ("## Quality grid",)
         if keep:
             kept.append(line)
     return "\n".join(kept).strip() + "\n" if kept else ""
@@ -76,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         report.note(name, f"section took {time.perf_counter() - t:.0f} s")
     out = args.results or (None if args.quick else str(Path(__file__).with_name("RESULTS.md")))
     if out:
-        write_results(report, Path(out), argv, time.perf_counter() - t0)
+        write_results(report, Path(out), argv, time.perf_counter() - t0, tuple(chosen))
         print(f"results written to {out}")
     return 0
 

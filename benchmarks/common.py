@@ -27,6 +27,7 @@ class Report:
     quick: bool = False
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sections: dict[str, str] = field(default_factory=dict)  # "## Title" -> Markdown, written after the notes
 
     def add(self, fig: Figure) -> None:
         self.figures.append(fig)

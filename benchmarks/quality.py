@@ -1,71 +1,307 @@
-"""Section ``quality``: placement quality on real trace slices, replayed by ``scheduler.sim.simulator``.
+"""Section ``quality``: placement quality on the real trace slices, a grid of cells replayed by
+``scheduler.sim.simulator``.
 
-Cluster and data model (our assumptions, see ``scheduler/sim/simulator.py`` for the mechanics):
+The grid (our assumptions; the traces carry no data or cluster information):
 
-- ``philly_5000.csv``: 64 nodes x 8 devices in 4 racks (512 devices);
-  ``itp_5000.csv``: 192 nodes x 8 devices in 6 racks (1,536 devices; its demand is ~1,400 devices
-  on average over its window, Philly's ~660 but mostly from a few very long jobs);
-- data: 40 data sets of 16 shards x 512 MB (8 GB each), 3 replicas placed by ``place_replicas``
-  (each copy whole on one node),
-  Zipf(1.1) popularity; staged shards stay cached on the node (LRU, 200 GB per node) as the agent
-  keeps them; one device per rank; seed 0; cycles every 10 simulated seconds; no failures.
+- **Slices**: ``philly_500``, ``itp_500``, ``philly_5000``, ``itp_5000`` (``../shared/traces``).
+- **Offered load** 0.7, 1.0, 1.5, 2.5: the cluster is sized so that the slice's demand (the sum of
+  ``num_gpus * duration_s`` over its jobs, in device-hours) over its submit window (first to last
+  submit) divided by the cluster's devices is that load.  Nodes of 8 devices, ``round(devices / 8)``
+  of them (at least 1), in ``max(2, round(nodes / 16))`` racks.  The demand includes every job's whole
+  run time (jobs that run for weeks count in full), so load 1.0 is a cluster that could serve the
+  window's demand only if it kept running long after the window; jobs wider than the cluster are
+  clipped to it (counted per cell).
+- **Seeds** 0, 1, 2 (the data layout and each job's data set) on the 500-job slices; seed 0 only on
+  the 5,000-job slices (:data:`SEEDS_BY_SLICE`).
+- **Node cache** 0 and 200 GB (staged shards kept on the node, LRU) on the 500-job slices; 0 only on
+  the 5,000-job slices (:data:`CACHES_BY_SLICE`).  The dropped cells (5,000-job slices: seeds 1, 2
+  and cache 200 GB) keep the grid within about 30 minutes on 2 cores: one contended 5,000-job cell
+  takes 40-300 s per policy (``flow`` the slowest).
+- **Data**: 40 data sets of 16 shards x 512 MB, 3 replicas (``place_replicas``), Zipf(1.1)
+  popularity; one device per rank; cycles every 10 simulated seconds; no failures.
+- **Policies**: the default ``twostage`` and the baselines ``fairshare``, ``flow``, ``fifo`` and
+  ``backfill`` (Slurm-style), all in the same run.
 
-Default policy ``twostage`` against ``fairshare`` (fair-share order, data-blind packing) and ``fifo``.
-The ``user`` column is the tenant (Philly's virtual cluster; ITP's source cluster stands in).
+Per cell and policy: mean, p50, p95 JCT; p50, p99 and max queueing; Jain over share-normalised device
+time per window; local-read fraction; bytes moved; makespan; utilisation.  The figures are one
+summary line per metric: in how many cells ``twostage`` is within tolerance of the best baseline of
+that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also writes the table
+(averaged over seeds) and ``quality_grid.png`` (mean JCT and local reads against load).
+
+Cells run in worker processes (:data:`WORKERS`, at ``nice`` 10 on top of the caller's).  ``--quick``
+keeps a corner: the first 150 jobs of the two 500-job slices at load 2.5, seed 0, both caches.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import statistics
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import Figure, Report
-from scheduler.sim.simulator import ClusterSpec, DataSpec, SimResult, load_trace, simulate
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.sim.simulator import ClusterSpec, DataSpec, SimResult, TraceJob, load_trace, simulate
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 if not TRACES.is_dir():
     TRACES = Path("/work/shared/traces")
 
-DATA = DataSpec(datasets=40, shards=16, shard_mb=512, zipf=1.1, replicas=3, cache_gb=200)
-FULL = [("philly_5000.csv", ClusterSpec(64, 8, 4), None), ("itp_5000.csv", ClusterSpec(192, 8, 6), None)]
-QUICK = [("philly_500.csv", ClusterSpec(8, 8, 2), 150), ("itp_500.csv", ClusterSpec(16, 8, 2), 150)]
-QUICK_DATA = DataSpec(datasets=8, shards=4, shard_mb=512, zipf=1.1, replicas=2, cache_gb=50)
+SLICES = ("philly_500.csv", "itp_500.csv", "philly_5000.csv", "itp_5000.csv")
+LOADS = (0.7, 1.0, 1.5, 2.5)
+SEEDS_BY_SLICE = {"philly_500.csv": (0, 1, 2), "itp_500.csv": (0, 1, 2), "philly_5000.csv": (0,),
+                  "itp_5000.csv": (0,)}
+CACHES_GB = (0.0, 200.0)
+CACHES_BY_SLICE = {"philly_500.csv": CACHES_GB, "itp_500.csv": CACHES_GB, "philly_5000.csv": (0.0,),
+                   "itp_5000.csv": (0.0,)}
+POLICIES = ("twostage", "fairshare", "flow", "fifo", "backfill")
+BASELINES = POLICIES[1:]
+DEVICES_PER_NODE = 8
+WORKERS = 2
+QUICK_LIMIT = 150
+PLOT = Path(__file__).with_name("quality_grid.png")
+
+
+@dataclass(frozen=True)
+class Cell:
+    slice: str
+    load: float
+    seed: int
+    cache_gb: float
+    limit: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.slice.removesuffix('.csv')} load {self.load} seed {self.seed} cache {self.cache_gb:.0f} GB"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One policy in one cell: what the table and the summary read (SimResult less its lists)."""
+
+    mean_jct_s: float
+    p50_jct_s: float
+    p95_jct_s: float
+    p50_queue_s: float
+    p99_queue_s: float
+    max_queue_s: float
+    jain: float
+    local_fraction: float
+    bytes_moved: int
+    makespan_s: float
+    utilization: float
+    nodes: int
+    clipped: int
+    unfinished: int
+    wall_s: float
+
+
+def offered_load_devices(trace: Sequence[TraceJob]) -> float:
+    """Devices at which the slice's offered load is 1.0: device-hours demanded / submit window (h)."""
+    demand_s = sum(j.gpus * j.duration_s for j in trace)
+    window_s = max(j.submit_s for j in trace) - min(j.submit_s for j in trace)
+    return demand_s / max(window_s, 1.0)
+
+
+def cluster_for(trace: Sequence[TraceJob], load: float) -> ClusterSpec:
+    """The cluster on which ``trace`` offers ``load`` (see the module docstring)."""
+    nodes = max(1, round(offered_load_devices(trace) / load / DEVICES_PER_NODE))
+    return ClusterSpec(nodes, DEVICES_PER_NODE, max(2, round(nodes / 16)))
+
+
+def data_for(cell: Cell) -> DataSpec:
+    return DataSpec(datasets=40, shards=16, shard_mb=512, zipf=1.1, replicas=3, cache_gb=cell.cache_gb)
+
+
+def grid(quick: bool) -> list[Cell]:
+    if quick:
+        return [Cell(s, 2.5, 0, c, QUICK_LIMIT) for s in ("philly_500.csv", "itp_500.csv") for c in CACHES_GB]
+    return [Cell(s, load, seed, c) for s in SLICES for load in LOADS for seed in SEEDS_BY_SLICE[s]
+            for c in CACHES_BY_SLICE[s]]
+
+
+def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
+    """One policy over one cell (in a worker process)."""
+    cell, policy, cfg = job
+    trace = load_trace(TRACES / cell.slice, cell.limit)
+    cluster = cluster_for(trace, cell.load)
+    t0 = time.perf_counter()
+    r: SimResult = simulate(trace, policy, cluster, data_for(cell), seed=cell.seed, cfg=cfg)
+    return cell, policy, Metrics(r.mean_jct_s, r.p50_jct_s, r.p95_jct_s, r.p50_queue_s, r.p99_queue_s,
+                                 r.max_queue_s, r.jain, r.local_fraction, r.bytes_moved, r.makespan_s,
+                                 r.utilization, cluster.nodes, r.clipped, r.unfinished,
+                                 time.perf_counter() - t0)
+
+
+def _lower_priority() -> None:
+    os.nice(10)
+
+
+def run_grid(cells: Sequence[Cell], policies: Sequence[str] = POLICIES, cfg: PolicyConfig | None = None,
+             workers: int = WORKERS, progress: Callable[[Cell, str, Metrics], None] | None = None
+             ) -> dict[tuple[Cell, str], Metrics]:
+    """Every policy over every cell, in ``workers`` processes; the biggest slices start first."""
+    base = cfg or PolicyConfig()
+    jobs = [(c, p, base) for c in cells for p in policies]
+    jobs.sort(key=lambda j: (-int(j[0].slice.split("_")[1].split(".")[0]), -j[0].load))
+    out: dict[tuple[Cell, str], Metrics] = {}
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    with ctx.Pool(workers, initializer=_lower_priority) as pool:
+        for cell, policy, m in pool.imap_unordered(run_one, jobs):
+            out[(cell, policy)] = m
+            if progress is not None:
+                progress(cell, policy, m)
+    return out
+
+
+# (metric, label, higher is better, how twostage may fall short of the best baseline, target words)
+TOLERANCES: tuple[tuple[str, str, bool, Callable[[float, float], bool], str], ...] = (
+    ("mean_jct_s", "mean JCT", False, lambda v, best: v <= best * 1.02, "within +2 %"),
+    ("p95_jct_s", "p95 JCT", False, lambda v, best: v <= best * 1.02, "within +2 %"),
+    ("jain", "Jain's index", True, lambda v, best: v >= best - 0.02, "within -0.02"),
+    ("local_fraction", "local-read fraction", True, lambda v, best: v >= best - 0.02, "within -0.02"),
+    ("bytes_moved", "bytes moved", False, lambda v, best: v <= best * 1.05, "within +5 %"),
+)
+
+
+def _gap(metric: str, higher: bool, v: float, best: float) -> float:
+    """How far twostage is behind the best baseline: a ratio for times and bytes, a difference else."""
+    if higher:
+        return best - v
+    return v / best if best > 0 else (1.0 if v <= 0 else float("inf"))
+
+
+def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> list[Figure]:
+    """One figure per metric: cells where twostage is within tolerance of the cell's best baseline."""
+    figs = []
+    for metric, label, higher, ok, words in TOLERANCES:
+        met, worst, worst_gap, worst_words = 0, None, -float("inf"), ""
+        for cell in cells:
+            v = getattr(res[(cell, "twostage")], metric)
+            vals = {p: getattr(res[(cell, p)], metric) for p in BASELINES}
+            best_p = max(vals, key=lambda p: vals[p]) if higher else min(vals, key=lambda p: vals[p])
+            best = vals[best_p]
+            met += ok(v, best)
+            gap = _gap(metric, higher, v, best)
+            if gap > worst_gap:
+                worst, worst_gap = cell, gap
+                worst_words = f"twostage {_fmt(metric, v)} vs {best_p} {_fmt(metric, best)}"
+        where = worst.name if worst is not None else "none"
+        figs.append(Figure("quality", f"grid, {label}", f"twostage {words} of the best baseline in {met} of "
+                           f"{len(cells)} cells; worst cell: {where} ({worst_words})",
+                           f"{met}/{len(cells)} cells", f"every cell {words}", met == len(cells)))
+    # the starvation column: the longest any job waited, twostage against the best baseline
+    worst_cell, worst_ratio, words = None, -1.0, ""
+    for cell in cells:
+        v = res[(cell, "twostage")].max_queue_s
+        best_p = min(BASELINES, key=lambda p: res[(cell, p)].max_queue_s)
+        best = res[(cell, best_p)].max_queue_s
+        ratio = v / best if best > 0 else 1.0
+        if ratio > worst_ratio:
+            worst_cell, worst_ratio = cell, ratio
+            words = f"twostage {_fmt('max_queue_s', v)} vs {best_p} {_fmt('max_queue_s', best)}"
+    figs.append(Figure("quality", "grid, max queueing", f"largest ratio to the best baseline's "
+                       f"{worst_ratio:.2f}: {worst_cell.name if worst_cell else 'none'} ({words})",
+                       f"worst ratio {worst_ratio:.2f}", "no target (the starvation column)", None))
+    return figs
+
+
+def _fmt(metric: str, v: float) -> str:
+    if metric.endswith("_s"):
+        return f"{v / 3600:.2f} h"
+    if metric == "bytes_moved":
+        return f"{v / 1e12:.2f} TB"
+    return f"{v:.3f}"
+
+
+def table(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> str:
+    """The grid as a Markdown table: one row per slice, load, cache and policy, averaged over seeds."""
+    head = ("| slice | load | nodes | cache GB | policy | seeds | mean JCT h | p50 JCT h | p95 JCT h | "
+            "p50 queue h | p99 queue h | max queue h | Jain | local | bytes TB | makespan h | util |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    keys = sorted({(c.slice, c.load, c.cache_gb) for c in cells}, key=lambda k: (SLICES.index(k[0])
+                  if k[0] in SLICES else 9, k[1], k[2]))
+    for s, load, cache in keys:
+        group = [c for c in cells if (c.slice, c.load, c.cache_gb) == (s, load, cache)]
+        for p in POLICIES:
+            ms = [res[(c, p)] for c in group]
+
+            def avg(attr: str, ms: list[Metrics] = ms) -> float:
+                return statistics.fmean(getattr(m, attr) for m in ms)
+
+            lines.append(
+                f"| {s.removesuffix('.csv')} | {load} | {ms[0].nodes} | {cache:.0f} | {p} | {len(ms)} | "
+                f"{avg('mean_jct_s') / 3600:.2f} | {avg('p50_jct_s') / 3600:.2f} | {avg('p95_jct_s') / 3600:.1f} | "
+                f"{avg('p50_queue_s') / 3600:.2f} | {avg('p99_queue_s') / 3600:.1f} | "
+                f"{avg('max_queue_s') / 3600:.1f} | {avg('jain'):.3f} | {avg('local_fraction'):.3f} | "
+                f"{avg('bytes_moved') / 1e12:.2f} | {avg('makespan_s') / 3600:.1f} | {avg('utilization'):.3f} |")
+    return "\n".join(lines)
+
+
+def plot(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], path: Path) -> None:
+    """Mean JCT and local reads against load, one line per policy (solid: cache 0, dashed: 200 GB)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slices = [s for s in SLICES if any(c.slice == s for c in cells)]
+    fig, axes = plt.subplots(2, len(slices), figsize=(4.2 * len(slices), 7), squeeze=False)
+    colours = dict(zip(POLICIES, ("C3", "C0", "C2", "C7", "C1"), strict=True))
+    for col, s in enumerate(slices):
+        for row, (attr, label, scale) in enumerate((("mean_jct_s", "mean JCT (h)", 3600.0),
+                                                    ("local_fraction", "local-read fraction", 1.0))):
+            ax = axes[row][col]
+            for p in POLICIES:
+                for cache, style in zip(CACHES_GB, ("-", "--"), strict=True):
+                    loads = sorted({c.load for c in cells if c.slice == s and c.cache_gb == cache})
+                    ys = [statistics.fmean(getattr(res[(c, p)], attr) / scale for c in cells
+                                           if (c.slice, c.load, c.cache_gb) == (s, load, cache)) for load in loads]
+                    ax.plot(loads, ys, style, color=colours[p], marker="o", ms=3,
+                            label=p if cache == CACHES_GB[0] else None)
+            ax.set_xlabel("offered load")
+            ax.set_ylabel(label)
+            ax.set_title(s.removesuffix(".csv"))
+            if attr == "mean_jct_s":
+                ax.set_yscale("log")
+    axes[0][0].legend(fontsize=8, title="solid: cache 0; dashed: 200 GB", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def run(report: Report) -> None:
-    cases = QUICK if report.quick else FULL
-    data = QUICK_DATA if report.quick else DATA
-    for name, cluster, limit in cases:
-        path = TRACES / name
-        if not path.is_file():
-            report.note("quality", f"{path} is missing: skipped (put ../shared/traces beside the clone)")
-            continue
-        trace = load_trace(path, limit)
-        res: dict[str, SimResult] = {}
-        for policy in ("twostage", "fairshare", "fifo"):
-            t0 = time.perf_counter()
-            res[policy] = simulate(trace, policy, cluster, data, seed=0)
-            report.note("quality", f"{name} {policy}: simulated {len(trace)} jobs, {res[policy].cycles} cycles "
-                        f"in {time.perf_counter() - t0:.1f} s")
-        two, fs, ff = res["twostage"], res["fairshare"], res["fifo"]
-        where = f"{name} ({len(trace)} jobs, {cluster.nodes}x{cluster.devices_per_node}, {two.clipped} clipped)"
-        report.add(Figure("quality", f"{where} local-read fraction",
-                          f"twostage {two.local_fraction:.3f}, fairshare {fs.local_fraction:.3f}, fifo {ff.local_fraction:.3f}",
-                          f"twostage/fairshare {_ratio(two.local_fraction, fs.local_fraction)}", ">= 0.95",
-                          two.local_fraction >= 0.95))
-        report.add(Figure("quality", f"{where} bytes moved",
-                          f"twostage {two.bytes_moved / 1e12:.2f} TB, fairshare {fs.bytes_moved / 1e12:.2f} TB, "
-                          f"fifo {ff.bytes_moved / 1e12:.2f} TB",
-                          f"twostage/fairshare {_ratio(two.bytes_moved, fs.bytes_moved)}", "ratio <= 0.25",
-                          two.bytes_moved <= 0.25 * fs.bytes_moved))
-        report.add(Figure("quality", f"{where} mean JCT",
-                          f"twostage {two.mean_jct_s:.0f} s, fairshare {fs.mean_jct_s:.0f} s, fifo {ff.mean_jct_s:.0f} s",
-                          f"twostage/fairshare {_ratio(two.mean_jct_s, fs.mean_jct_s)}", "ratio <= 1.00",
-                          two.mean_jct_s <= fs.mean_jct_s))
-        report.add(Figure("quality", f"{where} Jain's index",
-                          f"twostage {two.jain:.3f}, fairshare {fs.jain:.3f}, fifo {ff.jain:.3f}",
-                          f"twostage/fairshare {_ratio(two.jain, fs.jain)}", ">= 0.90", two.jain >= 0.9))
+    cells = [c for c in grid(report.quick) if (TRACES / c.slice).is_file()]
+    missing = sorted({s for s in SLICES if not (TRACES / s).is_file()})
+    if missing:
+        report.note("quality", f"missing in {TRACES}: {', '.join(missing)}: skipped (put ../shared/traces "
+                    "beside the clone)")
+    if not cells:
+        return
+    t0 = time.perf_counter()
+    res = run_grid(cells)
+    report.note("quality", f"{len(cells)} cells x {len(POLICIES)} policies in {time.perf_counter() - t0:.0f} s "
+                f"({WORKERS} worker processes); sizes: " + "; ".join(sorted(
+                    {f"{c.slice.removesuffix('.csv')} load {c.load}: {res[(c, 'twostage')].nodes} nodes"
+                     for c in cells})))
+    clipped = sorted({(c.slice, c.load) for c in cells if res[(c, "twostage")].clipped})
+    if clipped:
+        report.note("quality", "jobs clipped to the cluster in: " + ", ".join(
+            f"{s.removesuffix('.csv')} load {load}" for s, load in clipped))
+    for fig in summarise(res, cells):
+        report.add(fig)
+    if not report.quick:
+        report.sections["## Quality grid"] = (
+            "Generated by the `quality` section (see `benchmarks/quality.py` for the set-up).  Averages over "
+            "the seeds of each row.\n\n![mean JCT and local reads against load](quality_grid.png)\n\n"
+            + table(res, cells) + "\n")
+        plot(res, cells, PLOT)
+        report.note("quality", f"plot written to {PLOT.name}")
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}" if b else "n/a (baseline is 0)"
+def cells_named(cells: Sequence[Cell], **match: object) -> list[Cell]:
+    """The cells whose fields equal ``match`` (for scripts that tune on a part of the grid)."""
+    return [c for c in cells if all(getattr(c, k) == v for k, v in match.items())]

@@ -23,6 +23,7 @@ never imports this module.  The server's cycle and the simulator look the config
 
 from __future__ import annotations
 
+from policies.backfill import BackfillArbiter
 from policies.fairshare import FairShareArbiter
 from policies.fifo import FifoArbiter
 from policies.flow import FlowArbiter
@@ -36,6 +37,7 @@ ARBITERS: dict[str, Arbiter] = {
     "flow": FlowArbiter(),
     "fifo": FifoArbiter(),
     "fairshare": FairShareArbiter(),
+    "backfill": BackfillArbiter(),
 }
 
 

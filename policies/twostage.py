@@ -5,6 +5,8 @@ For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
 term adds in ``tie_window_s``, the ones that can read their data locally go first):
 
+0. **Starvation bound**: the job pending longest, once it has been pending ``max_wait_s``, is taken
+   first (:func:`starving_first`), ahead of that order.
 1. A job that can never run, or whose data has no live copy, is skipped with that reason.
 2. Its candidates that fit the devices still free are kept (after a reservation exists, jobs that would
    still run at its start must also leave the reserved devices alone).  If none fits but enough
@@ -23,7 +25,8 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
    2.25 -> 1.98 TB).  Waiting holds nothing, so others (lower in the queue, whose data is there)
    may use those devices meanwhile.
 4. Otherwise it binds the best fitting candidate (whole gang, devices taken from the ledger).
-5. **Reservation**: the first (highest-priority) job that fits nowhere gets a reservation: the
+5. **Reservation**: the first job in that order that fits nowhere and has been pending at least
+   ``reserve_min_wait_s`` (Slurm's ``bf_min_age_reserve``; or ``max_wait_s``) gets a reservation: the
    earliest time ``T`` at which, as running jobs (and jobs bound this cycle) end by their time limits,
    stage 1 finds a placement for it, and that placement's devices.  Later jobs may backfill if they end
    (``now_s + time_limit_s``) by ``T``, or if they leave enough devices on the reserved nodes for the
@@ -33,7 +36,6 @@ term adds in ``tie_window_s``, the ones that can read their data locally go firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from policies.common import (
@@ -45,6 +47,7 @@ from policies.common import (
     reserved_for,
     waiting_for_locality,
 )
+from policies.reservation import Reservation, plan_reservation
 from scheduler.core.decide import job_shape, relabel
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
@@ -59,59 +62,6 @@ from scheduler.core.stage1 import (
     missing_data_reason,
     propose,
 )
-
-
-@dataclass(frozen=True)
-class Reservation:
-    job_id: int
-    need: dict[str, int]  # node -> devices the reserved job will use at start_s
-    start_s: float
-    held: dict[str, int]  # node -> devices free now that long backfill jobs must leave alone
-
-
-def plan_reservation(
-    job: JobView,
-    snap: Snapshot,
-    cfg: PolicyConfig,
-    index: Stage1Index,
-    free_now: Mapping[str, int],
-    bound_ends: Sequence[tuple[float, dict[str, int]]],
-) -> Reservation | None:
-    """When and where ``job`` could start as running jobs end by their time limits (None: never seen).
-
-    ``free_now``: devices free after this cycle's earlier bindings; ``bound_ends``: (end_s, devices by
-    node) of the jobs bound earlier in this cycle.  Releases are applied in time order; at each time
-    where enough ranks fit, stage 1 is asked for a placement over the devices free then.
-    """
-    dpr = job.devices_per_rank
-    future = {n: f for n, f in free_now.items() if f > 0}
-    cap = sum(f // dpr for f in future.values())
-    events = [(r.end_by_s, dict(r.devices_by_node)) for r in snap.running] + list(bound_ends)
-    events.sort(key=lambda e: e[0])
-    for i, (t, dbn) in enumerate(events):
-        for n, dv in dbn.items():
-            if n not in index.devices:
-                continue  # node is gone; its devices come back with it, not with this job's end
-            old = future.get(n, 0)
-            new = min(old + dv, index.devices[n])
-            future[n] = new
-            cap += new // dpr - old // dpr
-        if i + 1 < len(events) and events[i + 1][0] == t:
-            continue
-        if cap < job.ranks:
-            continue
-        cands = propose(job, snap, cfg, index, free=future)
-        if not cands:
-            continue
-        need = cands[0].devices_by_node()
-        held = {}
-        for n, d in need.items():
-            released = future[n] - free_now.get(n, 0)
-            h = min(free_now.get(n, 0), max(0, d - released))
-            if h > 0:
-                held[n] = h
-        return Reservation(job.id, need, max(t, snap.now_s), held)
-    return None
 
 
 def locality_possible(job: JobView, snap: Snapshot, cfg: PolicyConfig, index: Stage1Index) -> bool:
@@ -164,6 +114,27 @@ def break_ties_by_cost(
     return out
 
 
+def starving_first(ordered: Sequence[JobView], now_s: float, cfg: PolicyConfig) -> list[JobView]:
+    """The starvation bound: the job pending longest, if it has been pending at least ``max_wait_s``,
+    goes first (it starts now, or takes the reservation); everyone else keeps ``ordered``'s order.
+    One job per cycle is moved, so fair share still orders all the others.  ``max_wait_s`` <= 0: off."""
+    if cfg.max_wait_s <= 0 or not ordered:
+        return list(ordered)
+    head = min(ordered, key=lambda j: j.pending_since_s)  # first of equal waits in the given order
+    if now_s - head.pending_since_s < cfg.max_wait_s:
+        return list(ordered)
+    return [head] + [j for j in ordered if j is not head]
+
+
+def may_reserve(job: JobView, now_s: float, cfg: PolicyConfig) -> bool:
+    """May ``job`` take the reservation?  Once it has been pending ``reserve_min_wait_s`` (Slurm's
+    ``bf_min_age_reserve``), or ``max_wait_s`` when that bound is on (it is then first in the order)."""
+    waited = now_s - job.pending_since_s
+    if cfg.max_wait_s > 0 and waited >= cfg.max_wait_s:
+        return True
+    return waited >= cfg.reserve_min_wait_s
+
+
 class TwoStageArbiter:
     """The default arbiter (see the module docstring)."""
 
@@ -179,6 +150,7 @@ class TwoStageArbiter:
         index = index if index is not None else build_index(snap)
         ordered, prios, factors = queue_order(snap, cfg)
         ordered = break_ties_by_cost(ordered, prios, candidates, cfg)
+        ordered = starving_first(ordered, snap.now_s, cfg)
         d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)
         ledger = FreeLedger(index)
         bound_ends: list[tuple[float, dict[str, int]]] = []
@@ -233,7 +205,7 @@ class TwoStageArbiter:
                     d.reasons[job.id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
-                if res is None:
+                if res is None and may_reserve(job, now, cfg):
                     res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
                     if res is not None:
                         ledger.hold(res.held)

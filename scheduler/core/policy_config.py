@@ -30,5 +30,17 @@ class PolicyConfig:
     # Philly replay 600 s -> 3600 s took bytes moved 3.19 -> 3.01 TB and local reads 0.922 -> 0.927
     # with mean JCT 16921 -> 16915 s; 4 h gained little more (2.97 TB).
     tie_window_s: float = 3600.0
+    # twostage: the reservation (devices held idle so the first gang that fits nowhere can start) is
+    # taken only for a job that has been pending at least reserve_min_wait_s (Slurm's
+    # bf_min_age_reserve); until then jobs behind it use every free device.  0 reserves at once.
+    # 4 days: in the quality grid's contended cells a reservation taken at once drained the cluster
+    # for days (itp_5000 at load 2.5: mean JCT 33.4 h, against 13.2 h with none and 14.0 h at 4 days;
+    # at 2 days 31.3 h), see benchmarks/RESULTS.md.
+    reserve_min_wait_s: float = 4 * 86400.0
+    # twostage: the starvation bound.  The job pending longest, once it has been pending max_wait_s,
+    # goes first in the order: it starts at once or takes the reservation, so it starts by the end
+    # (by time limits) of the jobs running then.  0 turns the bound off.  4 days: the longest wait in
+    # itp_5000 at load 2.5 went 194 h -> 133 h (every baseline: 196-199 h) for +6 % of mean JCT.
+    max_wait_s: float = 4 * 86400.0
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0

@@ -25,8 +25,9 @@ The model (every assumption is ours; the traces carry no data or model informati
   a new data set (``default_span``), data set by data set: each copy whole on one node, except one copy
   on nodes of one device, striped over the nodes; the copies on the least-loaded nodes by bytes.  Each job reads one
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
-  ``--seed``, so every policy sees the same jobs reading the same data.  ``cache_gb`` > 0 keeps
-  staged shards on the destination node as extra copies (as the agent does), at most that many GB
+  ``--seed``, so every policy sees the same jobs reading the same data.  ``--data none`` turns the
+  data model off: jobs read nothing, every read counts as local and nothing is moved (for data-blind
+  comparisons with other simulators).  ``cache_gb`` > 0 keeps staged shards on the destination node as extra copies (as the agent does), at most that many GB
   per node, least recently used evicted first; 0 (the default) discards them after the job, i.e.
   every job stages its missing bytes again.  Jobs bound in one cycle that need the same missing
   shard on the same node move its bytes once (the agent fetches a shard once for every rank of its
@@ -55,7 +56,7 @@ The model (every assumption is ours; the traces carry no data or model informati
 
 Metrics (per policy)
 --------------------
-JCT = completion - submit; queueing delay = time spent pending (all attempts); makespan = last
+JCT = completion - submit; queueing delay = time spent pending (all attempts; mean, p50, p99, max); makespan = last
 completion - first submit; utilisation = device-seconds held / device-seconds of up nodes over the
 makespan; local fraction = 1 - bytes staged / bytes read, over every attempt's reads; bytes moved
 (and the part across racks) by jobs' staging; restarts = requeues after node failures.
@@ -98,6 +99,7 @@ MB = 1_000_000
 GB = 1_000_000_000
 FAIRNESS_WINDOW_S = 3600.0
 JSON_FIELDS = ("policy", "jobs", "mean_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "mean_queue_s",
+               "p50_queue_s", "p99_queue_s", "max_queue_s",
                "makespan_s", "utilization", "local_fraction", "bytes_moved", "cross_rack_bytes", "jain",
                "restarts")
 
@@ -155,10 +157,15 @@ class DataSpec:
     replicas: int = 3
     vary: float = 0.0
     cache_gb: float = 0.0
+    none: bool = False  # no data model: jobs read nothing, so every read is local and nothing moves
 
     @classmethod
     def parse(cls, text: str | None) -> DataSpec:
-        kw = _parse_kv(text, "--data", {f.name: (int if f.type == "int" else float) for f in fields(cls)})
+        """``--data``: ``none``, or comma-separated ``key=value`` overrides of the defaults."""
+        if text is not None and text.strip().lower() == "none":
+            return cls(none=True)
+        kw = _parse_kv(text, "--data", {f.name: (int if f.type == "int" else float) for f in fields(cls)
+                                              if f.name != "none"})
         spec = cls(**kw)
         if spec.datasets < 1 or spec.shards < 1 or spec.replicas < 1 or spec.shard_mb <= 0:
             raise BadRequest("--data: datasets, shards, replicas and shard_mb must be positive")
@@ -218,6 +225,9 @@ class SimResult:
     p95_jct_s: float
     p99_jct_s: float
     mean_queue_s: float
+    p50_queue_s: float
+    p99_queue_s: float
+    max_queue_s: float
     makespan_s: float
     utilization: float
     local_fraction: float
@@ -279,7 +289,7 @@ class _Job:
     key: str
     user: str
     devices: int
-    dataset: str
+    dataset: str | None  # None: no data model (``--data none``)
     submit_s: float
     remaining_s: float
     pending_since_s: float
@@ -352,7 +362,7 @@ class Simulation:
         self.shards: dict[str, tuple[ShardView, ...]] = {}
         self.homes: dict[tuple[str, int], list[str]] = {}
         node_bytes: dict[str, int] = dict.fromkeys(self.node_names, 0)
-        for k in range(d.datasets):
+        for k in range(0 if d.none else d.datasets):
             name = f"d{k:03d}"
             factor = 1.0 + (rng.uniform(-d.vary, d.vary) if d.vary > 0 else 0.0)
             size = max(1, int(d.shard_mb * MB * factor))
@@ -379,7 +389,7 @@ class Simulation:
         self.clipped = 0
         self.t0 = min((t.submit_s for t in trace), default=0.0)
         for i, t in enumerate(trace, start=1):
-            ds = names[min(bisect.bisect_left(cum, rng.random() * acc), len(names) - 1)]
+            ds = names[min(bisect.bisect_left(cum, rng.random() * acc), len(names) - 1)] if names else None
             devices = t.gpus
             if devices > self.total_devices:
                 devices = self.total_devices
@@ -495,6 +505,8 @@ class Simulation:
         job.end_s = job.run_start_s + job.remaining_s
         self.running[job.id] = job
         self._push(job.end_s, _END, (job.id, job.attempt))
+        if job.dataset is None:
+            return  # no data model: nothing read, nothing staged
         staging = set(plan.staging)
         for r in cand.reads:
             self.read_bytes += r.bytes
@@ -639,6 +651,7 @@ class Simulation:
     def _result(self, policy: str) -> SimResult:
         done = sorted(self.done, key=lambda j: j.id)
         jcts = [j.end_s - j.submit_s for j in done]
+        queues = [j.queue_s for j in done]
         first = min((j.submit_s for j in self.jobs.values()), default=0.0)
         last = max((j.end_s for j in done), default=first)
         jain_num = jain_den = 0.0
@@ -658,7 +671,10 @@ class Simulation:
             p50_jct_s=round(percentile(jcts, 50), 3),
             p95_jct_s=round(percentile(jcts, 95), 3),
             p99_jct_s=round(percentile(jcts, 99), 3),
-            mean_queue_s=round(sum(j.queue_s for j in done) / len(done), 3) if done else 0.0,
+            mean_queue_s=round(sum(queues) / len(done), 3) if done else 0.0,
+            p50_queue_s=round(percentile(queues, 50), 3),
+            p99_queue_s=round(percentile(queues, 99), 3),
+            max_queue_s=round(max(queues, default=0.0), 3),
             makespan_s=round(last - first, 3),
             utilization=round(self.busy_ds / self.capacity_ds, 6) if self.capacity_ds > 0 else 0.0,
             local_fraction=round(1 - self.moved_bytes / self.read_bytes, 6) if self.read_bytes else 1.0,
@@ -726,6 +742,8 @@ def print_table(results: Sequence[SimResult], caption: str) -> None:
         ("p95 JCT", lambda r: _fmt_s(r.p95_jct_s)),
         ("p99 JCT", lambda r: _fmt_s(r.p99_jct_s)),
         ("mean queueing", lambda r: _fmt_s(r.mean_queue_s)),
+        ("p50 / p99 / max queueing", lambda r: f"{_fmt_s(r.p50_queue_s)} / {_fmt_s(r.p99_queue_s)} / "
+                                               f"{_fmt_s(r.max_queue_s)}"),
         ("makespan", lambda r: _fmt_s(r.makespan_s)),
         ("utilisation", lambda r: f"{r.utilization:.3f}"),
         ("local-read fraction", lambda r: f"{r.local_fraction:.3f}"),
@@ -787,7 +805,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         r0 = results[0]
         caption = (f"{len(trace)} jobs from {args.trace}; {cluster.nodes} nodes x {cluster.devices_per_node} "
-                   f"devices in {min(cluster.racks, cluster.nodes)} racks; data {data}; seed {args.seed}; "
+                   f"devices in {min(cluster.racks, cluster.nodes)} racks; data {'none' if data.none else data}; seed {args.seed}; "
                    f"{r0.clipped} job(s) wider than the cluster clipped to {cluster.nodes * cluster.devices_per_node}")
         print_table(results, caption)
     if args.plot:

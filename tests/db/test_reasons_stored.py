@@ -51,10 +51,11 @@ def test_a_new_job_is_new_then_gets_the_cycles_reason_as_words_and_data(db: Data
         assert (summary(s, second)["reason_kind"], summary(s, second)["reason_at_s"]) == ("new", None)
 
     now = clock.advance(1)
-    assert run_cycle(db, settings(), now).bound == [first]
+    assert run_cycle(db, settings(reserve_min_wait_s=0), now).bound == [first]
     with db.read() as s:
         job = s.get(Job, second)
-        # The second fits nowhere: it holds the reservation from when the first ends by its limit (1 h).
+        # The second fits nowhere: it holds the reservation (taken at once here) from when the first
+        # ends by its limit (1 h).
         why = Reason.from_dict(job.explain["why"])
         assert job.reason == why.text() == f"devices busy: needs 1, 0 free; devices reserved for it from t={now + 3600:.0f}s"
         assert (why.kind, why.at_s, why.at_word) == ("reserved", now + 3600, "from")

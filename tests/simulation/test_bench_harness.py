@@ -13,18 +13,28 @@ from benchmarks.quality import TRACES
 def test_quick_bench_prints_one_line_per_figure_and_writes_results(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "RESULTS.md"
+    out.write_text("# old\n\n- date: 2026-12-01 10:00\n\n## Figures\n\n- [launch] old launch line; target x: MET\n"
+                   "- [cycle] old cycle line; target y: MET\n\n## Notes\n\n- [launch] an old note\n\n"
+                   "## Hand-written\n\nkept words\n")
     assert main(["--quick", "--only", "cycle,quality", "--results", str(out)]) == 0
     printed = capsys.readouterr().out
     figures = [line for line in printed.splitlines() if line.startswith("[") and "; target " in line]
     cycle = [f for f in figures if f.startswith("[cycle]")]
     quality = [f for f in figures if f.startswith("[quality]")]
-    assert len(cycle) == 2 and all("median" in f and "stage1" in f and "stage2" in f for f in cycle)
+    latency = [f for f in cycle if "median" in f and "stage1" in f and "stage2" in f]
+    ratio = [f for f in cycle if "decide / stage 1" in f and "ratio " in f]
+    assert len(latency) == 2 and len(ratio) == 2 and len(cycle) == 4
     if (TRACES / "philly_500.csv").is_file() and (TRACES / "itp_500.csv").is_file():
-        assert len(quality) == 8  # 2 traces x (local fraction, bytes moved, mean JCT, Jain)
-        assert all("twostage/fairshare" in f for f in quality)
+        # one line per metric (mean JCT, p95 JCT, Jain, local reads, bytes, max queueing) over 4 cells
+        assert len(quality) == 6
+        assert all(" 4 cells" in f or "max queueing" in f for f in quality)
     text = out.read_text()
     assert "machine:" in text and "date:" in text
     assert all(f"- {f}" in text for f in figures)
+    # sections not run keep their lines, marked with the run they came from; hand-written ones stay
+    assert "- [launch] old launch line; target x: MET (from the run of 2026-12-01 10:00)" in text
+    assert "- [launch] an old note (from the run of 2026-12-01 10:00)" in text
+    assert "old cycle line" not in text and "kept words" in text
 
 
 def test_unknown_section_is_refused() -> None:

@@ -291,3 +291,19 @@ def test_wide_jobs_are_clipped_and_counted() -> None:
     r = simulate([TraceJob("wide", 0, "u", 64, 10), TraceJob("small", 0, "u", 1, 10)], "twostage",
                  ClusterSpec(nodes=2, devices_per_node=4, racks=1), DataSpec(datasets=1, shards=2))
     assert (r.jobs, r.clipped, r.unfinished) == (2, 1, 0)
+
+
+def test_data_none_reads_nothing_and_moves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two nodes of 2 devices, one rack.  A (2 gpus, 100 s) at t=0 and B (2 gpus, 50 s) at t=5.
+    # Without a data model nothing is staged, so no job pays a staging second: A runs 0 -> 100 on
+    # one node, B is bound at the tick of t=10 on the other and runs 10 -> 60 (with data it would
+    # stage 1 s first, as in the hand-worked schedule above).
+    assert DataSpec.parse("none") == DataSpec(none=True) and DataSpec.parse(" None ").none
+    trace = write_trace(tmp_path / "t.csv", [("A", 0, "u1", 2, 100), ("B", 5, "u2", 2, 50)])
+    out = json.loads(_json_run(["simulate", "--trace", str(trace), "--nodes", "2", "--devices-per-node", "2",
+                                "--racks", "1", "--policy", "twostage,fifo", "--json", "--data", "none"], capsys))
+    for r in out:
+        assert (r["bytes_moved"], r["cross_rack_bytes"], r["local_fraction"]) == (0, 0, 1.0)
+        assert r["mean_jct_s"] == (100 + (60 - 5)) / 2  # A 100 s, B 55 s
+    sim = Simulation(simmod.load_trace(trace), PolicyConfig(), ClusterSpec(2, 2, 1), DataSpec(none=True))
+    assert sim.shards == {} and all(j.dataset is None for j in sim.jobs.values())

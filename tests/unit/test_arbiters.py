@@ -14,6 +14,9 @@ from scheduler.core.snapshot import Snapshot
 from tests.builders import cluster, job
 
 NO_WAIT = PolicyConfig(locality_wait_s=0)
+# The reservation mechanics at once: a blocked job reserves however short its wait (the default
+# waits reserve_min_wait_s, 4 days, and bounds starvation with max_wait_s; tested at the end).
+RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0)
 
 
 def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
@@ -68,7 +71,7 @@ def test_lower_usage_user_goes_first() -> None:
         .at(5)
         .build()
     )
-    _, d = decided(snap, PolicyConfig())
+    _, d = decided(snap, RESERVE_AT_ONCE)
     # alice: U_norm 1, S_norm 0.5 -> 2^-2 = 0.25; bob: no usage -> 1.0
     assert d.order == [2, 1]
     assert d.factors == {1: 0.25, 2: 1.0}
@@ -161,14 +164,14 @@ def big_gang_snapshot(now_s: float, n1_free: int):
 
 
 def test_reserved_big_gang_starts_before_later_small_jobs_that_would_delay_it() -> None:
-    _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig())
+    _, d = decided(big_gang_snapshot(2, n1_free=0), RESERVE_AT_ONCE)
     assert d.order == [1, 2, 3]
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
     assert d.reasons[1].text() == "devices busy: needs 8, 4 free; devices reserved for it from t=1000s"
     assert d.reasons[2].text() == "reserved for job 1 until t=1000s"
     assert bound_nodes(d) == {3: {"n2": 4}}  # backfilled: ends at 2 + 500 = 502 <= 1000
     # At t=1000 job 9 and job 3 are gone: the big gang starts first, job 2 still waits.
-    _, d = decided(big_gang_snapshot(1000, n1_free=4), PolicyConfig())
+    _, d = decided(big_gang_snapshot(1000, n1_free=4), RESERVE_AT_ONCE)
     assert bound_nodes(d) == {1: {"n1": 4, "n2": 4}}
     # job 2 is now the first that does not fit: it gets the reservation, from 1000 + 3600
     assert d.reasons[2].text() == "devices busy: needs 4, 0 free; devices reserved for it from t=4600s"
@@ -185,7 +188,7 @@ def test_backfill_that_leaves_the_reserved_devices_alone() -> None:
         .at(2)
         .build()
     )
-    _, d = decided(snap, PolicyConfig())
+    _, d = decided(snap, RESERVE_AT_ONCE)
     # job 1 needs 8 of n1+n2 (fewest nodes; n3 is too small to matter): reserved n1, n2 from t=1000.
     # job 2 runs an hour but fits on n3, outside the reservation.
     assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
@@ -264,7 +267,7 @@ def test_flow_prefers_cheap_placements_and_higher_priority_under_contention() ->
 def test_registry_lists_valid_names_on_a_typo() -> None:
     assert set(ARBITERS) >= {"twostage", "flow", "fifo", "fairshare"}
     assert get_arbiter("twostage") is ARBITERS["twostage"]
-    with pytest.raises(ValueError, match="choose one of fairshare, fifo, flow, twostage"):
+    with pytest.raises(ValueError, match="choose one of backfill, fairshare, fifo, flow, twostage"):
         get_arbiter("twostgae")
 
 
@@ -325,7 +328,7 @@ def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> 
         .at(100)
         .build()
     )  # fmt: skip
-    _, d = decided(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600))
+    _, d = decided(snap, PolicyConfig(locality_wait_s=0, tie_window_s=600, reserve_min_wait_s=0))
     # job 2 is local on a and tied with job 1, but job 1 (no candidate now) is not passed: it
     # reserves a from t=500, and job 2 (one hour) may not take the reserved device
     assert d.order == [1, 2]
@@ -349,3 +352,79 @@ def test_a_job_that_stages_anyway_leaves_the_only_local_room_of_another_data_set
     # job 2 still reads e locally on x
     assert bound_nodes(d) == {1: {"y": 1}, 2: {"x": 1}}
     assert (d.bindings[1].transfer_cost_ms, d.bindings[2].transfer_cost_ms) == (800, 0)
+
+
+def test_backfill_baseline_reserves_for_the_top_job_and_backfills_data_blind() -> None:
+    # big_gang_snapshot at t=2: job 1 (8 devices) fits nowhere and gets the reservation n1+n2 from
+    # t=1000 (job 9 ends then); job 2 (an hour, 4 devices) would take n2 past 1000: held back; job 3
+    # (500 s) ends at 502 <= 1000: backfilled on n2, as twostage does.
+    _, d = decided(big_gang_snapshot(2, n1_free=0), PolicyConfig(arbiter="backfill"))
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 4 free; devices reserved for it from t=1000s",
+                                2: "reserved for job 1 until t=1000s"}
+    assert bound_nodes(d) == {3: {"n2": 4}}
+    # Data-blind: a holds the data with 2 free, b has 4 free across racks; packing takes b (most free),
+    # both shards staged across racks (2 x 800 ms), where twostage reads locally on a.
+    snap = (
+        cluster()
+        .node("a", rack="r1", free=2).holds("d", shards=[0, 1])
+        .node("b", rack="r2")
+        .pending(job(1, ranks=2, dataset="d"))
+        .build()
+    )  # fmt: skip
+    _, d = decided(snap, PolicyConfig(arbiter="backfill"))
+    assert bound_nodes(d) == {1: {"b": 2}} and d.bindings[1].transfer_cost_ms == 1600
+
+
+def test_reservation_waits_until_the_job_has_been_pending_reserve_min_wait_s() -> None:
+    # big_gang_snapshot: job 1 (8 devices) fits nowhere until job 9 ends at t=1000.
+    cfg = PolicyConfig(reserve_min_wait_s=600)
+    # t=2: job 1 has waited 2 s < 600: no reservation, so job 2 (an hour) takes n2 and job 3 waits.
+    _, d = decided(big_gang_snapshot(2, n1_free=0), cfg)
+    assert d.reservation is None
+    assert bound_nodes(d) == {2: {"n2": 4}}
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 4 free", 3: "devices busy: needs 4, 0 free"}
+    # t=600: job 1 has waited 600 s: it takes the reservation (n1+n2 from 1000) as before; job 3
+    # (500 s, ends 1100 > 1000) no longer backfills, job 2 (an hour) neither.
+    _, d = decided(big_gang_snapshot(600, n1_free=0), cfg)
+    assert d.reservation == (1, {"n1": 4, "n2": 4}, 1000.0)
+    assert d.bindings == {}
+
+
+def starving_gang_snapshot(now_s: float):
+    # Nodes a, b of 4 devices.  Seven 1-device jobs of user carol run, ending at 3700, 3800, ... 4300
+    # (a: 4 of them, b: 3, so b has 1 free).  Job 1: user wide's gang of 8 (the whole cluster),
+    # pending since t=0; wide's usage is large, so fair share puts it last.  Jobs 2 and 3: x and y,
+    # 1 device for 600 s, pending since 3500 (the stream of small jobs of other users).
+    b = cluster().node("a", free=0).node("b", free=1).usage(wide=1e6, x=0.0, y=0.0, carol=0.0)
+    for i in range(7):
+        b.running(10 + i, "carol", {"a" if i < 4 else "b": 1}, end_by_s=3700 + 100 * i)
+    b.pending(job(1, user="wide", ranks=8, submit_s=0),
+              job(2, user="x", submit_s=3500, time_limit_s=600),
+              job(3, user="y", submit_s=3500, time_limit_s=600))
+    return b.at(now_s).build()
+
+
+def test_a_cluster_wide_gang_behind_small_jobs_of_others_is_first_once_it_waited_max_wait_s() -> None:
+    cfg = PolicyConfig(max_wait_s=3600, reserve_min_wait_s=3600)
+    # t=3599: fair share first (x, y, then wide); x takes b's free device; y is the first job that fits
+    # nowhere but has waited only 99 s < 3600: nobody reserves, and the gang would wait for ever
+    # behind such a stream.
+    _, d = decided(starving_gang_snapshot(3599), cfg)
+    assert d.order == [2, 3, 1]
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert d.reservation is None
+    # t=3600: the gang has waited max_wait_s: it goes first and takes the reservation, a and b from
+    # 4300 (the last of carol's jobs ends then).  x (600 s: ends 4200 <= 4300) still backfills on b's
+    # free device; y finds nothing free.
+    _, d = decided(starving_gang_snapshot(3600), cfg)
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"a": 4, "b": 4}, 4300.0)
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert texts(d.reasons) == {1: "devices busy: needs 8, 1 free; devices reserved for it from t=4300s",
+                                3: "devices busy: needs 1, 0 free"}
+    # With the bound off and reservations at once (the old default), the reservation goes to the
+    # first small job that fits nowhere, never to the gang.
+    _, d = decided(starving_gang_snapshot(3600), RESERVE_AT_ONCE)
+    assert d.order == [2, 3, 1] and d.reservation is not None and d.reservation[0] == 3

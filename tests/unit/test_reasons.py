@@ -82,7 +82,7 @@ def test_a_gang_that_fits_nowhere_holds_the_reservation_and_the_next_one_is_held
         .at(2)
         .build()
     )
-    d = decided(snap, PolicyConfig())
+    d = decided(snap, PolicyConfig(reserve_min_wait_s=0))
     assert d.reasons[1] == Reason(ReasonKind.RESERVED, "devices busy: needs 8, 4 free; devices reserved for it",
                                   1000.0, FROM)
     assert d.reasons[2] == Reason(ReasonKind.RESERVED, "reserved for job 1", 1000.0, UNTIL)
