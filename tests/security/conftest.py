@@ -58,6 +58,12 @@ class World:
         return {"node": node, "rack": "rack0", "address": "127.0.0.1:9", "incarnation": "sec",
                 "devices": [{"index": 0, "kind": "cpu", "model": "test", "memory_bytes": 0}]}
 
+    def scan_body(self, node: str) -> dict[str, Any]:
+        """A body for ``POST /v1/datasets/NAME/scan``: the node heartbeats again first, so it is up
+        whatever the module's other tests took (the server asks the node's agent for nothing here)."""
+        self.ok("POST", "/v1/agent/heartbeat", "agent_here" if node == "n1" else "agent_other", self.heartbeat(node))
+        return {"nodes": [node]}
+
     def new_job(self, name: str = "j", who: str = "owner") -> int:
         spec = {"name": name, "resources": {"ranks": 1, "gpus_per_rank": 1}, "data": {"dataset": self.dataset}}
         return int(self.ok("POST", "/v1/jobs", who, {"spec": spec})["id"])

@@ -41,6 +41,7 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("GET /v1/cluster/history",                    READ),
     ("POST /v1/datasets",                          (401, 401, 201, 201, 201, 403, 403)),
     ("POST /v1/datasets/{dataset}/place",          (401, 401, 403, 200, 200, 403, 403)),
+    ("POST /v1/datasets/{new_dataset}/scan",       (401, 401, 200, 200, 200, 403, 403)),  # any user may register
     ("GET /v1/users",                              (401, 401, 403, 403, 200, 403, 403)),
     ("POST /v1/users",                             (401, 401, 403, 403, 201, 403, 403)),
     ("DELETE /v1/users/{fresh_user}",              (401, 401, 403, 403, 200, 403, 403)),
@@ -60,6 +61,7 @@ def body_for(w: World, endpoint: str) -> Any:
         "POST /v1/datasets": lambda: {"name": f"d{n}", "classes": 2, "image_shape": [3, 8, 8], "replicas": 1,
                                       "shards": [{"index": 0, "bytes": 1, "sha256": SHA0, "samples": 1}]},
         "POST /v1/datasets/{dataset}/place": lambda: {"replicas": 1},
+        "POST /v1/datasets/{new_dataset}/scan": lambda: w.scan_body("n1"),
         "POST /v1/users": lambda: {"name": f"u{n}"},
         "PUT /v1/users/{fresh_user}/shares": lambda: {"shares": 2},
         "POST /v1/agent-tokens": lambda: {"node": "n9"},
@@ -75,6 +77,8 @@ def path_for(w: World, path: str) -> str:
         path = path.replace("{fresh_job}", str(w.new_job("victim")))
     if "{fresh_user}" in path:
         path = path.replace("{fresh_user}", w.new_user())
+    if "{new_dataset}" in path:
+        path = path.replace("{new_dataset}", f"new{next(_counter)}")
     return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset)
 
 
@@ -110,6 +114,11 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        NOT_JSON,         OWNER),
     ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        {"replicas": 0},  OWNER),
     ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/" + "x" * 65 + "/place", {"replicas": 1},  PERSON),
+    ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"bogus": 1},     PERSON),
+    ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   NOT_JSON,         PERSON),
+    ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"nodes": []},    PERSON),
+    ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"nodes": ["n 1"]}, PERSON),
+    ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/Bad..Name/scan",       {"nodes": ["n1"]}, PERSON),
     ("POST /v1/users",                     "/v1/users",                           {"bogus": 1},     ADMIN),
     ("POST /v1/users",                     "/v1/users",                           NOT_JSON,         ADMIN),
     ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/{fresh_user}/shares",       {"bogus": 1},     ADMIN),
