@@ -3,7 +3,8 @@ reservation with backfill so big gangs do not starve.
 
 For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_order`), ties broken by
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
-term adds in ``tie_window_s``, the ones that can read their data locally go first):
+term adds in ``tie_window_s`` plus what ``tie_fairshare`` of the fair-share factor is worth, the ones
+that can read their data locally go first):
 
 0. **Starvation bound**: the job pending longest, once it has been pending ``max_wait_s``, is taken
    first (:func:`starving_first`), ahead of that order.
@@ -82,19 +83,23 @@ def break_ties_by_cost(
 ) -> list[JobView]:
     """The queue order with ties broken by transfer cost: cheapest first among equal priorities.
 
-    Jobs tie when their priorities differ by at most ``tol = age_weight * tie_window_s / age_max_s``
-    (what the age term adds in ``tie_window_s``): the priority order is cut into groups, each starting
+    Jobs tie when their priorities differ by at most ``tol = age_weight * tie_window_s / age_max_s +
+    fairshare_weight * tie_fairshare`` (what the age term adds in ``tie_window_s``, and what a
+    difference of ``tie_fairshare`` in the fair-share factor is worth): the priority order is cut into groups, each starting
     at the first job not yet grouped and holding the jobs within ``tol`` below it.  Inside a group the
     jobs without any stage-1 candidate (nothing fits them now: a gang that may need the reservation)
     go first, then the others by the cheapest transfer cost among their candidates; equal keys keep
     the priority order.  So a job can only be passed by jobs at most ``tol`` below it: the same
-    user's jobs that became pending at most ``tie_window_s`` after it, or jobs of users whose
-    fair-share factor is equal to within ``tol / fairshare_weight``.  Nobody starves, and the devices
-    each user gets in a cycle do not change, only which of their near-simultaneous jobs gets them.
+    user's jobs that became pending at most ``tie_window_s`` after it (and, with ``tie_fairshare``,
+    older ones), or jobs of users whose fair-share factor is at most ``tol / fairshare_weight`` below.
+    The starvation bound (:func:`starving_first`) is applied after this order, so nobody waits past
+    ``max_wait_s``; the usage a passing job adds lowers its user's factor, so the passing corrects
+    itself over the next cycles.
     """
-    if cfg.tie_window_s <= 0 or cfg.age_max_s <= 0 or len(ordered) < 2:
+    tol = (cfg.age_weight * cfg.tie_window_s / cfg.age_max_s if cfg.age_max_s > 0 else 0.0) + (
+        cfg.fairshare_weight * max(0.0, cfg.tie_fairshare))
+    if tol <= 0 or len(ordered) < 2:
         return list(ordered)
-    tol = cfg.age_weight * cfg.tie_window_s / cfg.age_max_s
 
     def cost(job: JobView) -> float:
         return min((c.transfer_cost_ms for c in candidates.get(job.id, ())), default=-1)

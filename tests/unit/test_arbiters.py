@@ -300,18 +300,26 @@ def test_ties_in_priority_go_to_the_job_that_reads_locally() -> None:
     assert d.priorities[1] > d.priorities[2]  # priorities themselves are untouched
 
 
-def test_ties_go_to_another_user_only_with_the_same_fair_share_factor() -> None:
-    _, d = decided(tie_snapshot(300, "bob"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
-    assert d.order == [2, 1]  # alice and bob have used the same: a tie
-    _, d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600))
-    # carol has used more (lower factor): she never passes alice, local or not
-    assert d.order == [1, 2] and bound_nodes(d) == {1: {"a": 1}}
+def test_ties_go_to_another_user_only_within_the_fair_share_band() -> None:
+    _, d = decided(tie_snapshot(300, "bob"), PolicyConfig(locality_wait_s=0, tie_window_s=600, tie_fairshare=0))
+    assert d.order == [2, 1]  # alice and bob have used the same: a tie even with no band
+    # carol has used more: usage 10/50 = 0.2 for alice, 30/50 = 0.6 for carol, shares 1/3 each, so
+    # factors 2 ** (-0.2 * 3) = 0.660 and 2 ** (-0.6 * 3) = 0.287: 0.373 apart, 373 priority points
+    # at fairshare_weight 1000 (the age terms, 400 s and 100 s pending, differ by 0.05)
+    for band, order in ((0.0, [1, 2]), (0.3, [1, 2]), (0.4, [2, 1])):
+        _, d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600,
+                                                                tie_fairshare=band))
+        assert round(d.factors[1], 3) == 0.660 and round(d.factors[2], 3) == 0.287
+        # a band of 0.3 (300.1 points with the window's 0.1) is less than 373: carol never passes;
+        # 0.4 (400.1 points) ties them, and carol's local job goes first
+        assert d.order == order, band
+        assert bound_nodes(d) == ({1: {"a": 1}} if order == [1, 2] else {2: {"a": 1}})
 
 
 def test_no_tie_beyond_the_window_or_with_the_window_off() -> None:
     for snap, cfg in (
-        (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600)),
-        (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0)),
+        (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600, tie_fairshare=0)),
+        (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0, tie_fairshare=0)),
     ):
         _, d = decided(snap, cfg)
         # strict priority order: job 1 takes a and stages e from b (320 ms)
