@@ -25,7 +25,7 @@ Example::
 
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
 GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
-GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT.
+GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_METRICS_TOKEN.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection whose request headers take longer is closed
     max_connections: int = 2048  # connections open at once; a new one beyond is closed at once
     max_connections_per_client: int = 256  # the same, from one client address
+    metrics_token: str = ""  # when set, GET /metrics needs "Authorization: Bearer <metrics_token>"
 
     @property
     def scheme(self) -> str:
@@ -88,6 +89,7 @@ _ENV = {
     "GSCHED_HEADER_TIMEOUT_S": ("header_timeout_s", float),
     "GSCHED_MAX_CONNECTIONS": ("max_connections", int),
     "GSCHED_MAX_CONNECTIONS_PER_CLIENT": ("max_connections_per_client", int),
+    "GSCHED_METRICS_TOKEN": ("metrics_token", str),
 }
 _POLICY_ENV = {
     "GSCHED_ARBITER": ("arbiter", str),

@@ -1,14 +1,17 @@
 """The cluster as a whole: health, nodes, fair share, the event log, the cluster history and the
-Prometheus metrics.  Health and metrics are public (probes and scrapers carry no token); the rest
-is for users and admins."""
+Prometheus metrics.  Health is public (probes carry no token); metrics are public too unless the
+config sets ``metrics_token``, which the scraper then sends as its bearer token; the rest is for
+users and admins."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import PlainTextResponse
 
+from scheduler.core.errors import Unauthorized
 from scheduler.server import service as svc
 from scheduler.server.api_models import MAX_ID
 from scheduler.server.metrics import history_rows, render
@@ -54,6 +57,16 @@ def cluster_history(request: Request, since: float | None = None,
 
 @routes.route("GET", "/metrics", PUBLIC)
 def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text.  With ``metrics_token`` set, a request without that bearer token is 401 and
+    is told nothing else (user and node names are in the metrics); user and agent tokens are not it."""
     ctx = context(request)
+    want = ctx.settings.metrics_token
+    if want:
+        auth = request.headers.get("authorization", "")
+        got = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not got:
+            raise Unauthorized("missing token: this server's /metrics needs its metrics_token")
+        if not hmac.compare_digest(got.encode(), want.encode()):
+            raise Unauthorized("invalid token")
     with ctx.db.read() as s:
         return PlainTextResponse(render(s, ctx), media_type="text/plain; version=0.0.4")
