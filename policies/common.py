@@ -83,6 +83,37 @@ def busy_reason(c: Candidate, free: Mapping[str, int]) -> Reason | None:
     return None
 
 
+class Reasons:
+    """The reason helpers above, each equal reason made once per ``arbitrate`` call and shared (a
+    ``Reason`` is immutable): at 50,000 pending jobs one cycle gave out some 370,000 candidate
+    reasons, nearly all equal to others, and making each anew was a third of stage 2's time."""
+
+    def __init__(self) -> None:
+        self._busy: dict[tuple[str, int, int], Reason] = {}
+        self._wait: dict[tuple[float, int, int], Reason] = {}
+
+    def busy(self, c: Candidate, free: Mapping[str, int]) -> Reason | None:
+        """:func:`busy_reason`."""
+        for n, d in c.device_items():
+            have = free.get(n, 0)
+            if have < d:
+                key = (n, d, have)
+                r = self._busy.get(key)
+                if r is None:
+                    r = self._busy[key] = Reason(ReasonKind.DEVICES_BUSY, f"devices busy on {n}: needs {d}, {have} free")
+                return r
+        return None
+
+    def waiting(self, until_s: float, cost_ms: int = -1, limit_ms: int = 0) -> Reason:
+        """:func:`waiting_for_locality`; with ``cost_ms`` >= 0, a candidate's ("costs 800 ms > 500 ms: ...")."""
+        key = (until_s, cost_ms, limit_ms)
+        r = self._wait.get(key)
+        if r is None:
+            prefix = f"costs {cost_ms} ms > {limit_ms} ms: " if cost_ms >= 0 else ""
+            r = self._wait[key] = waiting_for_locality(until_s, prefix)
+        return r
+
+
 def devices_busy(needed: int, free_total: int) -> Reason:
     """The job-level reason when no placement fits: "devices busy: needs 4, 2 free"."""
     if free_total >= needed:

@@ -41,12 +41,12 @@ from typing import Any
 
 from policies.common import (
     FreeLedger,
+    Reasons,
     busy_reason,
     devices_busy,
     holds_reservation,
     not_taken,
     reserved_for,
-    waiting_for_locality,
 )
 from policies.reservation import Reservation, plan_reservation
 from scheduler.core.decide import job_shape, relabel
@@ -57,7 +57,6 @@ from scheduler.core.snapshot import JobView, Snapshot
 from scheduler.core.stage1 import (
     Stage1Index,
     build_index,
-    candidate_order,
     dataset_of,
     infeasible_reason,
     missing_data_reason,
@@ -71,6 +70,11 @@ def locality_possible(job: JobView, snap: Snapshot, cfg: PolicyConfig, index: St
     if ds is None or not ds.holders:
         return False
     idle = {h: index.devices[h] for h in ds.holders}
+    if sum(idle.values()) < job.devices:
+        return False  # the holders cannot hold the gang: nothing on them to find
+    whole = len(ds.shards)
+    if any(ds.local_shards.get(h, 0) == whole and d >= job.devices for h, d in idle.items()):
+        return True  # one holder has every shard and room for every rank: all reads local there
     cands = propose(job, snap, cfg, index, free=idle)
     return bool(cands) and cands[0].transfer_cost_ms <= cfg.locality_threshold_ms
 
@@ -158,12 +162,12 @@ class TwoStageArbiter:
         ordered = starving_first(ordered, snap.now_s, cfg)
         d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)
         ledger = FreeLedger(index)
+        said = Reasons()
         bound_ends: list[tuple[float, dict[str, int]]] = []
         res: Reservation | None = None
         possible: dict[tuple[str | None, int, int], bool] = {}
         reproposed: dict[tuple[Any, ...], list[Candidate]] = {}
         now = snap.now_s
-        order = candidate_order(index, cfg)
 
         for job in ordered:
             why = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
@@ -179,10 +183,10 @@ class TwoStageArbiter:
             cands = list(candidates.get(job.id, ()))
             fitting: list[Candidate] = []
             for i, c in enumerate(cands):
-                busy = busy_reason(c, avail)
+                busy = said.busy(c, avail)
                 if busy is None:
                     fitting.append(c)
-                elif res is not None and long_job and busy_reason(c, ledger.free) is None:
+                elif res is not None and long_job and said.busy(c, ledger.free) is None:
                     d.candidate_reasons[(job.id, i)] = reserved_for(res.job_id, res.start_s)
                 else:
                     d.candidate_reasons[(job.id, i)] = busy
@@ -219,7 +223,7 @@ class TwoStageArbiter:
                 d.reasons[job.id] = reason
                 continue
 
-            best = min(fitting, key=order)
+            best = fitting[0]  # candidates come best first (candidate_order), and fitting keeps their order
             if best.transfer_cost_ms > cfg.locality_threshold_ms:
                 since = job.waiting_since_s if job.waiting_since_s is not None else now
                 until = since + cfg.locality_wait_s
@@ -229,13 +233,10 @@ class TwoStageArbiter:
                         possible[key] = locality_possible(job, snap, cfg, index)
                     if possible[key]:
                         d.waiting[job.id] = since
-                        d.reasons[job.id] = waiting_for_locality(until)
+                        d.reasons[job.id] = said.waiting(until)
                         for i, c in enumerate(cands):
                             d.candidate_reasons.setdefault(
-                                (job.id, i),
-                                waiting_for_locality(
-                                    until, f"costs {c.transfer_cost_ms} ms > {cfg.locality_threshold_ms} ms: "),
-                            )
+                                (job.id, i), said.waiting(until, c.transfer_cost_ms, cfg.locality_threshold_ms))
                         continue
 
             ledger.take(best)

@@ -34,6 +34,9 @@ from scheduler.core.stage1 import Stage1Index, build_index, propose
 class Arbiter(Protocol):
     """Stage 2: one cycle's snapshot and every pending job's stage-1 candidates in, a ``Decision`` out.
 
+    Each job's candidates come best first, in ``scheduler.core.stage1.candidate_order`` (as
+    ``propose`` returns them), so the first of them that fits is the best that fits.
+
     Every pending job it leaves unbound gets a ``scheduler.core.reasons.Reason`` (kind, words, time) in
     ``Decision.reasons``.  The whole contract every arbiter keeps is stated in ``policies.registry``,
     which holds the named ones."""
