@@ -142,6 +142,31 @@ def test_no_wait_when_the_data_holders_could_never_do_better() -> None:
     assert bound_nodes(d) == {1: {"b": 2}}
 
 
+def test_locality_wait_for_a_copy_striped_over_two_nodes_and_none_for_a_gang_wider_than_its_holders() -> None:
+    # d's two shards sit one on a (busy) and one on b: no node holds the whole copy, so stage 1 is
+    # asked whether a and b, if idle, would give a local placement: 2 ranks, one on each, each reading
+    # its own shard (0 ms).  Now only b and c are free: every placement stages a shard, so it waits.
+    def snap(ranks: int):
+        return (
+            cluster()
+            .node("a", rack="r1", free=0).holds("d", shards=[0])
+            .node("b", rack="r1").holds("d", shards=[1])
+            .node("c", rack="r1", devices=8)
+            .running(9, "carol", {"a": 4}, end_by_s=10_000)
+            .pending(job(1, ranks=ranks, dataset="d", submit_s=100))
+            .at(100)
+            .build()
+        )  # fmt: skip
+
+    cfg = PolicyConfig(locality_wait_s=30, locality_threshold_ms=0)
+    _, d = decided(snap(2), cfg)
+    assert d.bindings == {} and texts(d.reasons) == {1: "waiting for locality until t=130s"}
+    # 9 ranks: the holders have 4 + 4 = 8 devices, so no placement on them exists to wait for; it
+    # binds at once over b and c (4 + 8 free devices), staging
+    _, d = decided(snap(9), cfg)
+    assert sum(bound_nodes(d)[1].values()) == 9 and d.waiting == {}
+
+
 def big_gang_snapshot(now_s: float, n1_free: int):
     # n1 and n2 have 4 devices each; job 9 holds all of n1 until t=1000.
     # Job 1 (8 devices, oldest, so highest priority) cannot start before 1000.
