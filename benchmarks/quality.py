@@ -39,6 +39,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -286,7 +287,15 @@ def run(report: Report) -> None:
     if not cells:
         return
     t0 = time.perf_counter()
-    res = run_grid(cells)
+    total, done = len(cells) * len(POLICIES), [0]
+
+    def progress(cell: Cell, policy: str, m: Metrics) -> None:  # the grid takes half an hour: say how far
+        done[0] += 1
+        print(f"[quality] {done[0]}/{total} {cell.name}, {policy}: mean JCT {m.mean_jct_s / 3600:.2f} h, "
+              f"local {m.local_fraction:.3f} ({m.wall_s:.0f} s; {time.perf_counter() - t0:.0f} s so far)",
+              file=sys.stderr, flush=True)
+
+    res = run_grid(cells, progress=progress)
     report.note("quality", f"{len(cells)} cells x {len(POLICIES)} policies in {time.perf_counter() - t0:.0f} s "
                 f"({WORKERS} worker processes); sizes: " + "; ".join(sorted(
                     {f"{c.slice.removesuffix('.csv')} load {c.load}: {res[(c, 'twostage')].nodes} nodes"
