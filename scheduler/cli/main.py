@@ -10,10 +10,13 @@ import time
 import uuid
 from typing import Any
 
+from scheduler.cli import exitcodes, userconfig
+from scheduler.cli.userconfig import UserConfigError
 from scheduler.core.lifecycle import FINAL
 from scheduler.protocol.http import Client, ServerError
 
 VERBS = {
+    "login": "remember a server, token and CA in ~/.config/gsched/config.toml (mode 0600)",
     "server": "run the central scheduler (API + scheduling cycles)",
     "agent": "run the node daemon: report devices and shards, run ranks",
     "db": "database maintenance (upgrade to the latest schema)",
@@ -37,9 +40,13 @@ VERBS = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.")
-    p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER or http://127.0.0.1:8470)")
-    p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else $GSCHED_HOME/admin.token)")
-    p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA; `gsched agent` too)")
+    p.add_argument("--version", action="store_true", help="print gsched's version and exit")
+    p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER, else the config "
+                   "file's, else http://127.0.0.1:8470)")
+    p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else the config file's, else "
+                   "$GSCHED_HOME/admin.token)")
+    p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA, else the config file's; "
+                   "`gsched agent` too)")
     p.add_argument("--install-completion", nargs="?", const="install", choices=["install", "print"], default=None,
                    help="bash completion: install it under ~/.local/share/bash-completion (or print it)")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
@@ -48,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--token", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--ca", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    sp = {name: sub.add_parser(name, help=text, description=text, parents=[common]) for name, text in VERBS.items()}
+    sp = {name: sub.add_parser(name, help=text, description=text, parents=[] if name == "login" else [common])
+          for name, text in VERBS.items()}
+
+    lo = sp["login"]
+    lo.add_argument("--server", default=argparse.SUPPRESS, help="the server's URL(s), comma-separated (required)")
+    lo.add_argument("--token-file", default=None,
+                    help="a file holding your token, read each time (default: store the token itself, taken "
+                         "from --token, $GSCHED_TOKEN or asked for)")
+    lo.add_argument("--ca", default=argparse.SUPPRESS, help="CA bundle that signed the server's certificate (HTTPS)")
+    lo.add_argument("--token", default=argparse.SUPPRESS, help="the token to store (default $GSCHED_TOKEN, else asked)")
 
     s = sp["server"]
     s.add_argument("--host", default=None)
@@ -133,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb = sp["submit"]
     sb.add_argument("file")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
+    sb.add_argument("--retry-s", type=float, default=None,
+                    help="when the server gives no answer, retry with the same request id for this long, "
+                         "saying so on stderr (default $GSCHED_SUBMIT_RETRY_S, else 10; 0: no retry)")
 
     q = sp["queue"]
     q.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
@@ -188,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        print(f"gsched {version('gsched')}")
+        return 0
     if args.install_completion:
         from scheduler.cli.completion import install_completion
 
@@ -205,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(HANDLERS[args.verb](args) or 0)
     except ServerError as e:
         print(f"gsched {args.verb}: {e.message}", file=sys.stderr)
-        return 1
+        return exitcodes.for_error(e)
+    except UserConfigError as e:
+        print(f"gsched {args.verb}: {e}", file=sys.stderr)
+        return exitcodes.USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -213,11 +240,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def client(args: argparse.Namespace) -> Client:
-    return Client(args.server, args.token, args.ca)
+    """The server, token and CA from the flags, else ``GSCHED_*``, else the config file (``gsched login``)."""
+    config = userconfig.load()
+    server = getattr(args, "server", None) or os.environ.get("GSCHED_SERVER") or config.server
+    token = getattr(args, "token", None) or os.environ.get("GSCHED_TOKEN") or config.read_token()
+    ca = getattr(args, "ca", None) or os.environ.get("GSCHED_CA") or config.ca
+    return Client(server, token, ca)
 
 
 def _json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+# ------------------------------------------------------------------ login
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    from scheduler.cli.login import login
+
+    return login(args)
 
 
 # ------------------------------------------------------------------ daemons
@@ -342,20 +383,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     request_id = args.request_id or uuid.uuid4().hex
     c = client(args)
-    deadline = time.monotonic() + float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "60"))
+    retry_s = args.retry_s if args.retry_s is not None else float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "10"))
+    deadline = time.monotonic() + retry_s
     attempt = 0
-    while True:  # retry lost responses with the same request id: never two jobs
+    while True:  # a lost answer is retried with the same request id: never two jobs
         try:
             out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})
             break
         except ServerError as e:
             if e.status != 0 and e.status < 500:
                 print(f"gsched submit: {args.file}: {e.message}", file=sys.stderr)
-                return 1
-            last = e
-            if time.monotonic() > deadline:
-                raise last from None
-            time.sleep(min(1.0, 0.1 * 2**attempt))
+                return exitcodes.for_error(e)
+            if time.monotonic() >= deadline:
+                raise
+            if attempt == 0:
+                print(f"gsched submit: {e.message}\ngsched submit: retrying with request id {request_id} for up "
+                      f"to {retry_s:g} s (--retry-s)", file=sys.stderr)
+            time.sleep(min(1.0, 0.1 * 2**attempt, max(0.0, deadline - time.monotonic())))
             attempt += 1
     print(out["id"])
     return 0
@@ -533,7 +577,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {
-    "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
+    "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
     "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel,
     "logs": cmd_logs, "nodes": cmd_nodes, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
