@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from typing import Any
 
 from scheduler.cli import exitcodes, userconfig
@@ -23,12 +22,18 @@ VERBS = {
     "user": "add, list, remove users or change their shares (admin)",
     "agent-token": "create an agent token bound to one node (admin)",
     "data": "make, list and re-replicate sharded data sets",
-    "submit": "submit a job.toml; prints the job id on its last line",
+    "submit": "submit a job.toml; prints the job id (with --wait, then its final state)",
     "queue": "show jobs, fair share and nodes (--watch for a live view)",
+    "history": "ended jobs, as sacct: filtered by user, state, name and time, every page",
     "show": "one job in detail: placement, shard map, epochs, checkpoints, events",
-    "cancel": "cancel a job (kills all its ranks, frees its devices)",
+    "cancel": "cancel jobs by id, or those --user/--state/--name pick (kills their ranks, frees their devices)",
+    "hold": "keep pending jobs from being scheduled until released",
+    "release": "let held jobs be scheduled again",
+    "requeue": "stop running jobs and put them back in the queue (they resume from their last checkpoint)",
+    "update": "change jobs' time limit (a running job's only down) or a pending job's name",
     "logs": "a job's rank logs (--follow to stream)",
-    "nodes": "list nodes with their devices and shards",
+    "nodes": "list nodes with their devices, shards, state and drain reason",
+    "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
     "explain": "why a job is pending, or why it landed where it did",
     "share": "each user's shares, decayed usage and fair-share factor",
     "events": "the audit log: who did what, when",
@@ -147,32 +152,76 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--replicas", type=int, required=True)
 
     sb = sp["submit"]
-    sb.add_argument("file")
+    sb.add_argument("file", help="the job.toml (docs/job-toml.md)")
+    sb.add_argument("--name", help="the job's name, in place of the file's")
+    sb.add_argument("--ranks", type=int, help="DDP ranks (resources.ranks), in place of the file's")
+    sb.add_argument("--gpus-per-rank", type=int, help="devices per rank (resources.gpus_per_rank)")
+    sb.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+                    "is seconds (not minutes as in Slurm)")
+    sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's")
+    sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
+                    "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
     sb.add_argument("--retry-s", type=float, default=None,
                     help="when the server gives no answer, retry with the same request id for this long, "
                          "saying so on stderr (default $GSCHED_SUBMIT_RETRY_S, else 10; 0: no retry)")
 
+    def output_flags(parser: argparse.ArgumentParser, what: str) -> None:
+        parser.add_argument("-o", "--output", choices=("wide", "json"), default=None,
+                            help=f"wide: a plain table with every column; json: the {what} as the server sends them")
+        parser.add_argument("--format", default=None, metavar="COL,COL",
+                            help="a plain table of these columns, comma-separated (an unknown name lists them)")
+
     q = sp["queue"]
     q.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
-                   "and reason_text")
+                   "and reason_text (as -o json)")
+    output_flags(q, "jobs")
     q.add_argument("--watch", "-w", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
     q.add_argument("--all", action="store_true", help="include every finished job (--watch shows the last 10 minutes')")
     q.add_argument("--user", help="only this user's jobs")
     q.add_argument("--state", help="only jobs in these states, comma-separated (pending,running)")
+    q.add_argument("--name", help="only jobs of this name")
     q.add_argument("--mine", action="store_true", help="only my jobs (the token's user)")
     q.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)")
+
+    hi = sp["history"]
+    hi.add_argument("--user", help="only this user's jobs")
+    hi.add_argument("--state", help="only these final states, comma-separated (completed,failed,cancelled,timeout)")
+    hi.add_argument("--name", help="only jobs of this name")
+    hi.add_argument("--since", help="ended at or after: a date (2026-12-04, 2026-12-04T13:00) or a span back (2h, 1-00)")
+    hi.add_argument("--until", help="ended before: a date or a span back, as --since")
+    hi.add_argument("--limit", type=int, default=None, help="one page of at most this many jobs (default: every job)")
+    hi.add_argument("--after", type=int, default=None, metavar="ID", help="only jobs with a greater id (the next page)")
+    output_flags(hi, "jobs")
 
     for verb in ("show", "explain"):
         sp[verb].add_argument("job", type=int)
         sp[verb].add_argument("--json", action="store_true")
-    sp["cancel"].add_argument("job", type=int)
+    ca = sp["cancel"]
+    ca.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel")
+    ca.add_argument("--user", help="every job of this user not ended (with --state, --name: all must match)")
+    ca.add_argument("--state", help="every job in these states, comma-separated (pending,running)")
+    ca.add_argument("--name", help="every job of this name")
+    for verb in ("hold", "release", "requeue"):
+        sp[verb].add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}")
+    up2 = sp["update"]
+    up2.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change")
+    up2.add_argument("--time", help="the new time limit: 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+                     "is seconds (not minutes as in Slurm)")
+    up2.add_argument("--name", help="the new name (pending jobs only)")
     lg = sp["logs"]
     lg.add_argument("job", type=int)
     lg.add_argument("--rank", type=int, default=None)
     lg.add_argument("--follow", "-f", action="store_true")
-    for verb in ("nodes", "share"):
-        sp[verb].add_argument("--json", action="store_true")
+    nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
+    ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
+    ndd.add_argument("node", help="the node's name (gsched nodes lists them)")
+    ndd.add_argument("--reason", default="", help="why, shown by gsched nodes (default: drained by YOU)")
+    ndr = nd.add_parser("resume", help="let NODE take ranks and copies again")
+    ndr.add_argument("node", help="the node's name")
+    sp["nodes"].add_argument("--json", action="store_true", help="the nodes as JSON (as -o json)")
+    output_flags(sp["nodes"], "nodes")
+    sp["share"].add_argument("--json", action="store_true", help="the shares as JSON")
     ev = sp["events"]
     ev.add_argument("--job", type=int, default=None)
     ev.add_argument("--limit", type=int, default=100)
@@ -374,82 +423,21 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from scheduler.cli.jobfile import JobFileError, read_job_file
+    from scheduler.cli.submit import cmd_submit as submit
 
-    try:
-        spec = read_job_file(args.file)
-    except JobFileError as e:
-        print(f"gsched submit: {e}", file=sys.stderr)
-        return 2
-    request_id = args.request_id or uuid.uuid4().hex
-    c = client(args)
-    retry_s = args.retry_s if args.retry_s is not None else float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "10"))
-    deadline = time.monotonic() + retry_s
-    attempt = 0
-    while True:  # a lost answer is retried with the same request id: never two jobs
-        try:
-            out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})
-            break
-        except ServerError as e:
-            if e.status != 0 and e.status < 500:
-                print(f"gsched submit: {args.file}: {e.message}", file=sys.stderr)
-                return exitcodes.for_error(e)
-            if time.monotonic() >= deadline:
-                raise
-            if attempt == 0:
-                print(f"gsched submit: {e.message}\ngsched submit: retrying with request id {request_id} for up "
-                      f"to {retry_s:g} s (--retry-s)", file=sys.stderr)
-            time.sleep(min(1.0, 0.1 * 2**attempt, max(0.0, deadline - time.monotonic())))
-            attempt += 1
-    print(out["id"])
-    return 0
-
-
-def _filter(view: dict[str, Any], args: argparse.Namespace, me: str | None) -> dict[str, Any]:
-    jobs = view["jobs"]
-    if args.user:
-        jobs = [j for j in jobs if j["user"] == args.user]
-    if args.state:
-        wanted = {s.strip().upper() for s in args.state.split(",")}
-        jobs = [j for j in jobs if j["state"] in wanted]
-    if args.mine and me:
-        jobs = [j for j in jobs if j["user"] == me]
-    return {**view, "jobs": jobs}
-
-
-RECENT_S = 600.0  # --watch keeps finished jobs on screen this long
-
-
-def _filter_note(args: argparse.Namespace, me: str | None) -> str:
-    parts = [f"user={args.user}"] * bool(args.user) + [f"state={args.state}"] * bool(args.state)
-    return ("filter: " + " ".join(parts + [f"mine ({me})"] * bool(args.mine and me))) if (parts or args.mine) else ""
+    return submit(client(args), args)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    c = client(args)
-    me = c.get("/v1/whoami")["name"] if args.mine else None
-    if args.watch:
-        from scheduler.cli.watch import watch
+    from scheduler.cli.listings import cmd_queue as queue
 
-        def select(view: dict[str, Any]) -> dict[str, Any]:
-            view = _filter(view, args, me)
-            if args.all or args.state:
-                return view
-            recent = view["time"] - RECENT_S
-            return {**view, "jobs": [j for j in view["jobs"]
-                                     if j["state"] not in FINAL or (j.get("ended_at") or 0) >= recent]}
+    return queue(client(args), args)
 
-        return watch(c, select, args.interval, include_done=True, note=_filter_note(args, me))
-    view = _filter(c.get("/v1/jobs", all="true" if args.all or args.state else None), args, me)
-    if args.json:
-        from scheduler.cli.queuefacts import job_facts
 
-        _json({**view, "jobs": [{**j, **job_facts(j, view["time"])} for j in view["jobs"]]})
-        return 0
-    from scheduler.cli.render import print_queue
+def cmd_history(args: argparse.Namespace) -> int:
+    from scheduler.cli.listings import cmd_history as history
 
-    print_queue(view, note=_filter_note(args, me))
-    return 0
+    return history(client(args), args)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -475,9 +463,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    out = client(args).post(f"/v1/jobs/{args.job}/cancel")
-    print(f"job {out['id']}: {out['state']}")
-    return 0
+    from scheduler.cli.jobctl import cmd_act
+
+    return cmd_act(client(args), args)
+
+
+cmd_hold = cmd_release = cmd_requeue = cmd_cancel
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    from scheduler.cli.jobctl import cmd_update as update
+
+    return update(client(args), args)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -499,16 +496,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    rows = client(args).get("/v1/nodes")
-    if args.json:
-        _json(rows)
-        return 0
-    from rich.console import Console
+    from scheduler.cli.listings import cmd_nodes as nodes
 
-    from scheduler.cli.render import nodes_table
+    return nodes(client(args), args)
 
-    Console().print(nodes_table(rows))
-    return 0
+
+def cmd_node(args: argparse.Namespace) -> int:
+    if args.node_verb not in ("drain", "resume"):
+        print("usage: gsched node drain NODE [--reason R] | gsched node resume NODE", file=sys.stderr)
+        return exitcodes.USAGE
+    c = client(args)
+    if args.node_verb == "drain":
+        out = c.post(f"/v1/nodes/{args.node}/drain", {"reason": args.reason})
+        print(f"node {out['name']}: drained ({out['drain_reason']})")
+    else:
+        out = c.post(f"/v1/nodes/{args.node}/resume")
+        print(f"node {out['name']}: {out['state']}, taking ranks")
+    return exitcodes.OK
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -578,8 +582,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 HANDLERS = {
     "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
-    "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel,
-    "logs": cmd_logs, "nodes": cmd_nodes, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
+    "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "history": cmd_history, "show": cmd_show, "cancel": cmd_cancel,
+    "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
+    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
 }
 

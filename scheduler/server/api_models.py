@@ -28,6 +28,17 @@ class JobSubmit(_In):
     client_request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
+class JobUpdate(_In):
+    """``PATCH /v1/jobs/{id}``: what to change (a key left out is left as it is)."""
+
+    name: str | None = Field(None, min_length=1, max_length=64)
+    time_limit_s: int | None = Field(None, ge=1, le=30 * 86400)
+
+
+class NodeDrain(_In):
+    reason: str = Field("", max_length=200)
+
+
 class UserAdd(_In):
     name: str = Field(max_length=32)
     shares: float = Field(1.0, gt=0, le=1e6)

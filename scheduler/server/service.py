@@ -29,6 +29,7 @@ from scheduler.core.lifecycle import (
 )
 from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
+from scheduler.server.jobfilter import JobFilter
 from scheduler.store.effects import move, record
 from scheduler.store.models import (
     AgentToken,
@@ -273,12 +274,13 @@ def requeue_job(s: Session, now: float, job: Job, reason: str, retry: bool = Fal
     move(s, now, job, JobState.PENDING, reason, max_restarts=max_restarts, earlier=earlier, retry=retry)
 
 
-def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list[dict[str, Any]]:
+def queue_rows(s: Session, include_done: bool = False, where: JobFilter | None = None) -> list[dict[str, Any]]:
+    """The jobs ``where`` picks (default: all, up to its limit, and one more to show there is a next
+    page), not ended ones only unless ``include_done``; oldest id first, as ``job_summary`` writes them."""
     q = select(Job)
     if not include_done:
         q = q.where(Job.state.not_in(FINAL))
-    q = q.order_by(Job.id.desc()).limit(limit)
-    jobs = list(s.scalars(q))
+    jobs = list(s.scalars((where or JobFilter()).apply(q)))
     ids = [j.id for j in jobs]
     nodes_by_job: dict[tuple[int, int], set[str]] = defaultdict(set)
     if ids:
@@ -290,7 +292,7 @@ def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list
                                  .group_by(Metric.job_id)):
             last_epoch[jid] = ep
     return [job_summary(j, sorted(nodes_by_job.get((j.id, j.attempt), set())), last_epoch.get(j.id, 0))
-            for j in sorted(jobs, key=lambda j: j.id)]
+            for j in jobs]
 
 
 def pending_why(j: Job) -> dict[str, Any] | None:
@@ -330,6 +332,8 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "epochs": spec.get("train", {}).get("epochs", 0),
         "epochs_done": epochs_done,
         "restarts": j.restarts,
+        "held_by": j.held_by,
+        "time_limit_s": (spec.get("limits") or {}).get("time"),
         "reason": j.reason,
         "reason_kind": why["kind"] if why else None,
         "reason_at_s": why.get("at_s") if why else None,
@@ -402,6 +406,7 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
         healthy = sum(1 for d in devices[n.name] if d.healthy)
         out.append({
             "name": n.name, "rack": n.rack, "state": n.state, "address": n.address, "last_seen": n.last_seen,
+            "drained": n.drained_at is not None, "drained_at": n.drained_at, "drain_reason": n.drain_reason,
             "devices": healthy, "devices_free": max(0, healthy - busy[n.name]) if n.state == NodeState.UP else 0,
             "device_kind": devices[n.name][0].kind if devices[n.name] else "",
             "device_model": devices[n.name][0].model if devices[n.name] else "",

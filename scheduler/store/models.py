@@ -61,6 +61,9 @@ class Node(Base):
     free_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     # Bytes moved by staging on this node (as destination).
     staged_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Drained (`gsched node drain`): no new ranks or shard copies land here; running ranks finish.
+    drained_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    drain_reason: Mapped[str] = mapped_column(String(200), default="")
 
 
 class Device(Base):
@@ -137,6 +140,8 @@ class Job(Base):
     priority: Mapped[float] = mapped_column(Float, default=0.0)
     explain: Mapped[Any] = mapped_column(JSON, default=dict)  # the last cycle's view of this job
     progress: Mapped[Any] = mapped_column(JSON, default=dict)  # staging / training progress
+    held_by: Mapped[str | None] = mapped_column(String(64), nullable=True)  # `gsched hold`: not scheduled
+    spec_rev: Mapped[int] = mapped_column(Integer, default=0)  # bumped when `gsched update` changes the spec
 
     @property
     def parsed_spec(self) -> JobSpec:

@@ -1,0 +1,33 @@
+"""jobs: who holds a pending job, and a revision of its spec (`gsched update`); nodes: drained and why
+
+Revision ID: 0010
+Revises: 0007
+Create Date: 2026-12-04
+"""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch_op:
+        batch_op.add_column(sa.Column("held_by", sa.String(64), nullable=True))
+        batch_op.add_column(sa.Column("spec_rev", sa.Integer(), nullable=False, server_default="0"))
+    with op.batch_alter_table("nodes") as batch_op:
+        batch_op.add_column(sa.Column("drained_at", sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column("drain_reason", sa.String(200), nullable=False, server_default=""))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("nodes") as batch_op:
+        batch_op.drop_column("drain_reason")
+        batch_op.drop_column("drained_at")
+    with op.batch_alter_table("jobs") as batch_op:
+        batch_op.drop_column("spec_rev")
+        batch_op.drop_column("held_by")
