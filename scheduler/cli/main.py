@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
-from scheduler.cli import exitcodes, userconfig
+from scheduler.cli import exitcodes
+from scheduler.cli.completion import SHELLS, complete, mark
+from scheduler.cli.connect import client
 from scheduler.cli.userconfig import UserConfigError
 from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.http import ServerError
 
 VERBS = {
     "login": "remember a server, token and CA in ~/.config/gsched/config.toml (mode 0600)",
@@ -40,6 +41,7 @@ VERBS = {
     "plot": "draw a job's training curves or the cluster's history to PNG",
     "simulate": "replay a cluster trace through the scheduling policies",
     "demo": "run the embedded demo cluster on this machine",
+    "completion": "print the shell completion script: eval \"$(gsched completion bash)\" (zsh, fish too)",
 }
 
 
@@ -53,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA, else the config file's; "
                    "`gsched agent` too)")
     p.add_argument("--install-completion", nargs="?", const="install", choices=["install", "print"], default=None,
-                   help="bash completion: install it under ~/.local/share/bash-completion (or print it)")
+                   help="bash completion: install it under ~/.local/share/bash-completion (or print it); "
+                        "`gsched completion SHELL` for zsh and fish")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -72,21 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--token", default=argparse.SUPPRESS, help="the token to store (default $GSCHED_TOKEN, else asked)")
 
     s = sp["server"]
-    s.add_argument("--host", default=None)
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--host", default=None, help="address the API listens on (default: the config's, 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="API port (default: the config's, 8470)")
     s.add_argument("--db", default=None, help="database URL (default sqlite:///$GSCHED_HOME/gsched.db)")
-    s.add_argument("--config", default=None, help="gsched.toml")
+    s.add_argument("--config", default=None, help="the server's config file (default ./gsched.toml if there is one; "
+                   "docs/config.md)")
     s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS (with --tls-key)")
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
 
     a = sp["agent"]
-    a.add_argument("--node", required=True)
-    a.add_argument("--rack", default="rack0")
+    a.add_argument("--node", required=True, help="this node's name, as the scheduler and users call it")
+    a.add_argument("--rack", default="rack0", help="the rack this node is in: the cost model's distance (default rack0)")
     a.add_argument("--gpus", default="auto", help="N CPU devices, or auto (NVIDIA GPUs via nvidia-smi)")
-    a.add_argument("--data-dir", required=True)
+    a.add_argument("--data-dir", required=True, help="where this node keeps shards, staged copies and checkpoints")
     a.add_argument("--host", default="127.0.0.1", help="address the data server binds and advertises")
     a.add_argument("--port", type=int, default=0, help="data server port (default: any free port)")
-    a.add_argument("--heartbeat-s", type=float, default=2.0)
+    a.add_argument("--heartbeat-s", type=float, default=2.0,
+                   help="seconds between reports until the server says otherwise (default 2)")
     a.add_argument("--threads-per-rank", type=int, default=None,
                    help="CPU threads per rank (torch and OMP_NUM_THREADS); default: cores x rank devices / devices")
     a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
@@ -104,52 +109,52 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
-    up.add_argument("--db", default=None)
-    up.add_argument("--config", default=None)
+    up.add_argument("--db", default=None, help="database URL (default: the config's, sqlite:///$GSCHED_HOME/gsched.db)")
+    up.add_argument("--config", default=None, help="the server's config file (gsched.toml)")
 
     u = sp["user"].add_subparsers(dest="user_verb", metavar="ACTION")
     ua = u.add_parser("add", help="create a user and print its token once")
-    ua.add_argument("name")
-    ua.add_argument("--shares", type=float, default=1.0)
-    ua.add_argument("--admin", action="store_true")
+    ua.add_argument("name", help="the new user's name")
+    ua.add_argument("--shares", type=float, default=1.0, help="fair-share weight (default 1)")
+    ua.add_argument("--admin", action="store_true", help="may act on every job and manage users")
     u.add_parser("list", help="list users")
     ur = u.add_parser("remove", help="remove a user")
-    ur.add_argument("name")
+    ur.add_argument("name", help="the user to remove")
     us = u.add_parser("shares", help="change a user's shares")
-    us.add_argument("name")
-    us.add_argument("shares", type=float)
+    us.add_argument("name", help="the user")
+    us.add_argument("shares", type=float, help="the new fair-share weight")
 
     t = sp["agent-token"].add_subparsers(dest="token_verb", metavar="ACTION")
     tc = t.add_parser("create", help="create a token for NODE's agent")
-    tc.add_argument("node")
+    tc.add_argument("node", help="the node whose agent the token is for (and only that node)")
 
     dd = sp["data"].add_subparsers(dest="data_verb", metavar="ACTION")
     dm = dd.add_parser("make", help="build a sharded data set and upload R replicas to agents")
-    dm.add_argument("name")
+    dm.add_argument("name", help="the data set's name (lower case, digits, _ . -)")
     dm.add_argument("--source", required=True, help="digits | synthetic[:k=v,...] | imagefolder:PATH")
-    dm.add_argument("--shards", type=int, default=8)
-    dm.add_argument("--replicas", type=int, default=2)
+    dm.add_argument("--shards", type=int, default=8, help="shard files to cut it into (default 8)")
+    dm.add_argument("--replicas", type=int, default=2, help="copies of each shard kept on the nodes (default 2)")
     dm.add_argument("--span", type=int, default=None,
                     help="nodes its jobs spread over: copies are striped over this many (default: with one "
                          "replica every up node, up to one a shard; with more, 1: every copy whole)")
-    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--seed", type=int, default=0, help="seed of a synthetic source and of the shuffle (default 0)")
     dm.add_argument("--format", choices=("gshard", "wds"), default="gshard",
                     help="shard files: gsched's GSHARD1, or WebDataset tars (KEY.png + KEY.cls)")
     da = dd.add_parser("add", help="register files the nodes already have (under their data dirs) as a data set")
-    da.add_argument("name")
+    da.add_argument("name", help="the data set's name")
     da.add_argument("--node", action="append", required=True, help="a node holding files (repeatable)")
     da.add_argument("--path", action="append", required=True,
                     help="the folder (or file) below that node's data dir: one per --node, or one for all")
     da.add_argument("--glob", default="*", help="which files below PATH (fnmatch, * also crosses /); default all")
-    da.add_argument("--replicas", type=int, default=2)
+    da.add_argument("--replicas", type=int, default=2, help="copies of each shard to keep (default 2)")
     da.add_argument("--span", type=int, default=None, help="nodes its jobs spread over (as for data make)")
     da.add_argument("--classes", type=int, default=None,
                     help="classes of the labels (default: from the WebDataset tars' .cls labels, else 1)")
     dl = dd.add_parser("ls", help="list data sets with replication and placement")
-    dl.add_argument("--json", action="store_true")
+    dl.add_argument("--json", action="store_true", help="the data sets as JSON")
     dp = dd.add_parser("place", help="change the replica count of a data set")
-    dp.add_argument("name")
-    dp.add_argument("--replicas", type=int, required=True)
+    mark(dp.add_argument("name", help="the data set"), "datasets")
+    dp.add_argument("--replicas", type=int, required=True, help="the new number of copies of each shard")
 
     sb = sp["submit"]
     sb.add_argument("file", help="the job.toml (docs/job-toml.md)")
@@ -158,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--gpus-per-rank", type=int, help="devices per rank (resources.gpus_per_rank)")
     sb.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
                     "is seconds (not minutes as in Slurm)")
-    sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's")
+    mark(sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's"), "datasets")
     sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
                     "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
@@ -195,66 +200,70 @@ def build_parser() -> argparse.ArgumentParser:
     output_flags(hi, "jobs")
 
     for verb in ("show", "explain"):
-        sp[verb].add_argument("job", type=int)
-        sp[verb].add_argument("--json", action="store_true")
+        mark(sp[verb].add_argument("job", type=int, help="the job's id"), "jobs")
+        sp[verb].add_argument("--json", action="store_true", help="the same as JSON, as the server sends it")
     ca = sp["cancel"]
-    ca.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel")
+    mark(ca.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel"), "jobs")
     ca.add_argument("--user", help="every job of this user not ended (with --state, --name: all must match)")
     ca.add_argument("--state", help="every job in these states, comma-separated (pending,running)")
     ca.add_argument("--name", help="every job of this name")
     for verb in ("hold", "release", "requeue"):
-        sp[verb].add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}")
+        mark(sp[verb].add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}"), "jobs")
     up2 = sp["update"]
-    up2.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change")
+    mark(up2.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change"), "jobs")
     up2.add_argument("--time", help="the new time limit: 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
                      "is seconds (not minutes as in Slurm)")
     up2.add_argument("--name", help="the new name (pending jobs only)")
     lg = sp["logs"]
-    lg.add_argument("job", type=int)
-    lg.add_argument("--rank", type=int, default=None)
-    lg.add_argument("--follow", "-f", action="store_true")
+    mark(lg.add_argument("job", type=int, help="the job's id"), "jobs")
+    lg.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
     nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
     ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
-    ndd.add_argument("node", help="the node's name (gsched nodes lists them)")
+    mark(ndd.add_argument("node", help="the node's name (gsched nodes lists them)"), "nodes")
     ndd.add_argument("--reason", default="", help="why, shown by gsched nodes (default: drained by YOU)")
     ndr = nd.add_parser("resume", help="let NODE take ranks and copies again")
-    ndr.add_argument("node", help="the node's name")
+    mark(ndr.add_argument("node", help="the node's name"), "nodes")
     sp["nodes"].add_argument("--json", action="store_true", help="the nodes as JSON (as -o json)")
     output_flags(sp["nodes"], "nodes")
     sp["share"].add_argument("--json", action="store_true", help="the shares as JSON")
     ev = sp["events"]
-    ev.add_argument("--job", type=int, default=None)
-    ev.add_argument("--limit", type=int, default=100)
-    ev.add_argument("--json", action="store_true")
+    mark(ev.add_argument("--job", type=int, default=None, help="only this job's events"), "jobs")
+    ev.add_argument("--limit", type=int, default=100, help="the newest this many events (default 100)")
+    ev.add_argument("--json", action="store_true", help="the events as JSON")
 
     pl = sp["plot"]
-    pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw")
+    mark(pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw"), "jobs")
     pl.add_argument("--cluster", action="store_true", help="device utilisation and queue length over time instead")
     pl.add_argument("--last", default=None, help="with --cluster: only this recent span (90s, 30m, 6h, 2d)")
     pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
 
     sim = sp["simulate"]
-    sim.add_argument("--trace", required=True)
-    sim.add_argument("--nodes", type=int, default=16)
-    sim.add_argument("--devices-per-node", type=int, default=8)
-    sim.add_argument("--racks", type=int, default=2)
-    sim.add_argument("--data", default=None)
-    sim.add_argument("--policy", default="twostage")
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--json", action="store_true")
-    sim.add_argument("--plot", default=None)
-    sim.add_argument("--failures", default=None)
+    sim.add_argument("--trace", required=True, help="CSV of job_id,submit_time_s,user,num_gpus,duration_s")
+    sim.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
+    sim.add_argument("--devices-per-node", type=int, default=8, help="devices on each (default 8)")
+    sim.add_argument("--racks", type=int, default=2, help="racks the nodes are spread over (default 2)")
+    sim.add_argument("--data", default=None, help="the data model: datasets=40,shards=16,shard_mb=512,zipf=1.1,"
+                     "replicas=3 (or none: jobs read nothing)")
+    sim.add_argument("--policy", default="twostage", help="arbiters to compare, comma-separated (default twostage)")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the data model and failures (default 0)")
+    sim.add_argument("--json", action="store_true", help="the results as JSON")
+    sim.add_argument("--plot", default=None, help="also draw the results to this PNG")
+    sim.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
     sim.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
     sim.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
 
+    sp["completion"].add_argument("shell", choices=SHELLS, help="the shell to complete in")
+
     dm2 = sp["demo"]
     dm2.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
-    dm2.add_argument("--epochs", type=int, default=3)
+    dm2.add_argument("--epochs", type=int, default=3, help="epochs the demo job trains (default 3)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    complete(parser)  # the shell asks for completions: answer and exit
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version
@@ -286,15 +295,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-def client(args: argparse.Namespace) -> Client:
-    """The server, token and CA from the flags, else ``GSCHED_*``, else the config file (``gsched login``)."""
-    config = userconfig.load()
-    server = getattr(args, "server", None) or os.environ.get("GSCHED_SERVER") or config.server
-    token = getattr(args, "token", None) or os.environ.get("GSCHED_TOKEN") or config.read_token()
-    ca = getattr(args, "ca", None) or os.environ.get("GSCHED_CA") or config.ca
-    return Client(server, token, ca)
 
 
 def _json(obj: Any) -> None:
@@ -574,6 +574,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return sim_main(args)
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from scheduler.cli.completion import script
+
+    sys.stdout.write(script(args.shell))
+    return exitcodes.OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from scheduler.cli.demo import main as demo_main
 
@@ -586,6 +593,7 @@ HANDLERS = {
     "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
     "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
+    "completion": cmd_completion,
 }
 
 

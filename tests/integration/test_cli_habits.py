@@ -133,3 +133,40 @@ def test_a_retried_submit_with_the_same_request_id_makes_one_job(cluster, tmp_pa
     first = cluster.cli("submit", str(job), "--request-id", "same-id-1").stdout.split()[-1]
     second = cluster.cli("submit", str(job), "--request-id", "same-id-1").stdout.split()[-1]
     assert first == second
+
+
+# ---------------------------------------------------------------- completion
+
+
+def completions(cluster, line: str, tmp_path: Path, token: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+    """What argcomplete's protocol answers for the words typed so far (as the shell's script asks)."""
+    out_file = tmp_path / "completions.txt"
+    env = {"_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(out_file), "_ARGCOMPLETE_SHELL": "bash"}
+    # The line is what the user typed (`gsched ...`), whatever runs it: argcomplete reads COMP_LINE only.
+    cluster.cli(*line.split()[1:], token=token, env=env, check=False)
+    return sorted(w.strip() for w in out_file.read_text().splitlines() if w.strip())
+
+
+def test_completion_scripts_for_bash_zsh_and_fish(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    for shell in ("bash", "zsh", "fish"):
+        text = cluster.cli("completion", shell).stdout
+        assert "_ARGCOMPLETE" in text and "gsched" in text, shell
+    bash = tmp_path / "gsched.bash"
+    bash.write_text(cluster.cli("completion", "bash").stdout)
+    subprocess.run(["bash", "-n", str(bash)], check=True)  # valid bash
+    assert cluster.cli("completion", "tcsh", check=False).returncode == 2
+
+
+def test_completion_completes_verbs_options_and_names_from_the_server(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert {"queue", "history"} <= set(completions(cluster, "gsched q", tmp_path) + completions(cluster, "gsched h", tmp_path))
+    assert "--watch" in completions(cluster, "gsched queue --wa", tmp_path)
+    assert completions(cluster, "gsched submit x.toml --data", tmp_path) == ["--dataset"]
+    assert completions(cluster, "gsched submit x.toml --dataset ", tmp_path, token=cluster.alice) == ["tiny"]
+    assert "n1" in completions(cluster, "gsched node drain ", tmp_path)
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("complete-me", ranks=1, epochs=1))
+    job_id = cluster.cli("submit", str(job), token=cluster.alice).stdout.split()[0]
+    assert job_id in completions(cluster, f"gsched show {job_id[0]}", tmp_path, token=cluster.alice)
