@@ -1,4 +1,5 @@
-"""jobs: who holds a pending job, and a revision of its spec (`gsched update`); nodes: drained and why
+"""jobs: who holds a pending job, a revision of its spec (`gsched update`), its dependencies and
+whether they are met; nodes: drained and why
 
 Revision ID: 0010
 Revises: 0007
@@ -19,6 +20,8 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch_op:
         batch_op.add_column(sa.Column("held_by", sa.String(64), nullable=True))
         batch_op.add_column(sa.Column("spec_rev", sa.Integer(), nullable=False, server_default="0"))
+        batch_op.add_column(sa.Column("dependency", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("deps_met", sa.Boolean(), nullable=False, server_default=sa.true()))
     with op.batch_alter_table("nodes") as batch_op:
         batch_op.add_column(sa.Column("drained_at", sa.Float(), nullable=True))
         batch_op.add_column(sa.Column("drain_reason", sa.String(200), nullable=False, server_default=""))
@@ -29,5 +32,7 @@ def downgrade() -> None:
         batch_op.drop_column("drain_reason")
         batch_op.drop_column("drained_at")
     with op.batch_alter_table("jobs") as batch_op:
+        batch_op.drop_column("deps_met")
+        batch_op.drop_column("dependency")
         batch_op.drop_column("spec_rev")
         batch_op.drop_column("held_by")

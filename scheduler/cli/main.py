@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
                     "is seconds (not minutes as in Slurm)")
     mark(sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's"), "datasets")
+    sb.add_argument("--dependency", metavar="KIND:ID[:ID],...",
+                    help="start only after other jobs end: afterok:ID (completed), afterany:ID (ended at all), "
+                         "afternotok:ID (did not complete), comma-separated; a dependency that can never be met "
+                         "ends this job FAILED")
     sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
                     "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")

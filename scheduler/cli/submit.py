@@ -6,6 +6,8 @@ Overrides, as sbatch's flags override ``#SBATCH`` lines: ``--name``, ``--ranks``
 ``--dataset``; the server validates the result as it would the file.  A submit whose answer is lost is
 retried with the same request id (never two jobs), for ``--retry-s`` seconds, saying so on stderr.
 ``--wait`` prints the final state and exits 0 for COMPLETED, 1 for FAILED, CANCELLED or TIMEOUT.
+``--dependency afterok:ID[:ID],afterany:ID,afternotok:ID`` (sbatch's) holds the job until the jobs it
+names end as it asks; one that can never be met ends the job FAILED, saying why.
 """
 
 from __future__ import annotations
@@ -43,14 +45,18 @@ def overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     return out
 
 
-def send(c: Client, spec: dict[str, Any], request_id: str, retry_s: float) -> int | ServerError:
+def send(c: Client, spec: dict[str, Any], request_id: str, retry_s: float,
+         dependency: str | None = None) -> int | ServerError:
     """The new job's id; the ``ServerError`` the server answered with (a refusal), or raises when no
     answer came within ``retry_s``."""
     deadline = time.monotonic() + retry_s
     attempt = 0
     while True:  # a lost answer is retried with the same request id: never two jobs
         try:
-            return int(c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})["id"])
+            body = {"spec": spec, "client_request_id": request_id}
+            if dependency:
+                body["dependency"] = dependency
+            return int(c.request("POST", "/v1/jobs", body)["id"])
         except ServerError as e:
             if e.status != 0 and e.status < 500:
                 return e
@@ -82,7 +88,7 @@ def cmd_submit(c: Client, args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     request_id = args.request_id or uuid.uuid4().hex
     retry_s = args.retry_s if args.retry_s is not None else float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "10"))
-    out = send(c, spec, request_id, retry_s)
+    out = send(c, spec, request_id, retry_s, args.dependency)
     if isinstance(out, ServerError):
         print(f"gsched submit: {args.file}: {out.message}", file=sys.stderr)
         return exitcodes.for_error(out)

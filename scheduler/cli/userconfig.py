@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 KEYS = ("server", "token", "token_file", "ca")
@@ -30,12 +29,15 @@ class UserConfigError(ValueError):
     """The config file cannot be used as it is; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
 class UserConfig:
-    server: str | None = None
-    token: str | None = None
-    token_file: str | None = None
-    ca: str | None = None
+    """The file's settings (None: not set).  A plain class, not a dataclass: dataclasses would bring
+    inspect and ast into every command's start."""
+
+    __slots__ = KEYS
+
+    def __init__(self, server: str | None = None, token: str | None = None, token_file: str | None = None,
+                 ca: str | None = None) -> None:
+        self.server, self.token, self.token_file, self.ca = server, token, token_file, ca
 
     def read_token(self) -> str | None:
         """The token itself, or the contents of ``token_file``; None when neither is set."""

@@ -46,6 +46,7 @@ class ReasonKind(StrEnum):
     REQUEUED = "requeued"  # back in the queue after losing a node, its rendezvous, or a failed rank
     BIND_FAILED = "bind_failed"  # the arbiter chose it, but the bind's re-check refused
     HELD = "held"  # held by its owner or an admin (`gsched hold`): not scheduled until released
+    DEPENDENCY = "dependency"  # waits for the jobs its --dependency names to end
     OTHER = "other"  # anything else
 
 

@@ -26,6 +26,8 @@ class ErrorOut(BaseModel):
 class JobSubmit(_In):
     spec: dict[str, Any]
     client_request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    # sbatch's --dependency: afterok:ID[:ID...],afterany:ID,afternotok:ID (scheduler/core/dependency.py)
+    dependency: str | None = Field(None, min_length=1, max_length=1000)
 
 
 class JobUpdate(_In):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core import dependency as dep
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.jobspec import JobSpecError, validate_spec
 from scheduler.core.lifecycle import (
@@ -186,10 +187,13 @@ def cluster_limits(s: Session) -> tuple[int, int]:
 SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its first cycle
 
 
-def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None) -> tuple[int, bool]:
+def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
+               dependency: str | None = None) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
     With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
+    ``dependency`` (sbatch's ``--dependency``) must name jobs that exist; the job is not scheduled until
+    it is met (``upkeep.settle_dependencies``).
     """
     require_person(who)
     if client_request_id is not None:
@@ -211,9 +215,12 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     if need > total:
         raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
                             f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
-    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=SUBMITTED.text(),
+    deps = _dependencies(s, dependency)
+    why = SUBMITTED if not deps else Reason(ReasonKind.DEPENDENCY, f"waiting for dependency {dep.text(deps)}")
+    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=why.text(),
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
-              explain={"why": SUBMITTED.as_dict()}, progress={})
+              explain={"why": why.as_dict()}, progress={}, dependency=[list(d) for d in deps] or None,
+              deps_met=not deps)
     if client_request_id is not None:
         # Two retries racing: the unique (user, client_request_id) lets only one insert win.
         from sqlalchemy.exc import IntegrityError
@@ -233,6 +240,22 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
            f"{spec.data.dataset}", job_id=job.id)
     return job.id, True
+
+
+def _dependencies(s: Session, text: str | None) -> list[dep.Dependency]:
+    """The parsed ``--dependency``, its jobs known to exist; 422 (field ``dependency``) otherwise."""
+    if not text:
+        return []
+    try:
+        deps = dep.parse(text)
+    except ValueError as e:
+        raise Unprocessable(f"dependency: {e}", "dependency") from None
+    ids = sorted({job for _, job in deps})
+    known = set(s.scalars(select(Job.id).where(Job.id.in_(ids))))
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise Unprocessable(f"dependency: no job {', '.join(map(str, missing))}", "dependency")
+    return deps
 
 
 def get_job(s: Session, job_id: int) -> Job:
@@ -333,6 +356,7 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "epochs_done": epochs_done,
         "restarts": j.restarts,
         "held_by": j.held_by,
+        "dependency": dep.text(j.dependency) if j.dependency else None,
         "time_limit_s": (spec.get("limits") or {}).get("time"),
         "reason": j.reason,
         "reason_kind": why["kind"] if why else None,

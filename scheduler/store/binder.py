@@ -56,6 +56,8 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
         return f"the job is {job.state} now, no longer PENDING"
     if job.held_by is not None:
         return f"the job is held by {job.held_by} now"
+    if not job.deps_met:
+        return "the job waits for its dependencies"
     healthy: dict[str, list[int]] = defaultdict(list)
     for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
         healthy[d.node].append(d.index)

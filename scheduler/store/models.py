@@ -142,6 +142,9 @@ class Job(Base):
     progress: Mapped[Any] = mapped_column(JSON, default=dict)  # staging / training progress
     held_by: Mapped[str | None] = mapped_column(String(64), nullable=True)  # `gsched hold`: not scheduled
     spec_rev: Mapped[int] = mapped_column(Integer, default=0)  # bumped when `gsched update` changes the spec
+    # `submit --dependency`: [[kind, job id], ...] (scheduler/core/dependency.py); not scheduled until met
+    dependency: Mapped[Any] = mapped_column(JSON, nullable=True)
+    deps_met: Mapped[bool] = mapped_column(Boolean, default=True)
 
     @property
     def parsed_spec(self) -> JobSpec:

@@ -106,7 +106,8 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
     pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since, Job.spec_rev)
-                             .where(Job.state == JobState.PENDING, Job.held_by.is_(None))  # held: not scheduled
+                             # held, or waiting for its dependencies: not scheduled
+                             .where(Job.state == JobState.PENDING, Job.held_by.is_(None), Job.deps_met.is_(True))
                              .order_by(Job.id)).all()
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)

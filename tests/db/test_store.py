@@ -177,12 +177,12 @@ def test_every_phase_of_the_cycle_is_timed_bind_included(db: Database) -> None:
     with db.session() as s:
         svc.submit_job(s, clock.now(), ALICE, SPEC, None)
     report = run_cycle(db, settings(), clock.advance(1))
-    assert list(report.durations_s) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate",
+    assert list(report.durations_s) == ["expire", "limits", "usage", "dependencies", "snapshot", "decide", "bind", "replicate",
                                         "report", "thin"]
     assert report.counts["bound"] == 1 and report.counts["bind_failed"] == 0
     with db.read() as s:  # the cluster sample holds the phases that ran before it was written
         sample = s.scalars(select(ClusterSample)).one()
-        assert list(sample.durations) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate"]
+        assert list(sample.durations) == ["expire", "limits", "usage", "dependencies", "snapshot", "decide", "bind", "replicate"]
 
 
 def bound_job(db: Database, spec: dict = SPEC) -> tuple[FakeClock, int]:  # type: ignore[type-arg]

@@ -162,3 +162,24 @@ def test_queue_has_no_cap_and_filters_on_the_server(cluster, tmp_path) -> None: 
         assert len(out.stdout.splitlines()) == 520
     finally:
         c.cli("node", "resume", "n1")
+
+
+def test_dependencies_start_after_their_jobs_or_fail_saying_why(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c = cluster
+    first = submit(c, tmp_path, c.alice, "--name", "first", epochs=1)
+    after_ok = submit(c, tmp_path, c.alice, "--name", "after-ok", "--dependency", f"afterok:{first}", epochs=1)
+    after_not_ok = submit(c, tmp_path, c.alice, "--name", "after-not-ok", "--dependency", f"afternotok:{first}")
+    assert c.job(after_ok)["reason"] == f"waiting for dependency afterok:{first}"
+    assert c.job(after_ok)["dependency"] == f"afterok:{first}"
+    c.wait_job(first, "COMPLETED", timeout=300)
+    c.wait_job(after_ok, "COMPLETED", timeout=300)  # it ran once the first completed
+    c.wait_job(after_not_ok, "FAILED", timeout=60)
+    assert c.job(after_not_ok)["reason"] == (f"dependency afternotok:{first} can never be satisfied: "
+                                             f"job {first} ended COMPLETED")
+    assert c.job(after_not_ok)["started_at"] is None  # it never ran
+    # A dependency on a job that does not exist, or written wrong, is refused at submit (exit 2).
+    path = tmp_path / "dep.toml"
+    path.write_text(job_toml("dep", ranks=1))
+    for bad, words in (("afterok:999999", "no job 999999"), ("after:1", "kind must be one of")):
+        out = c.cli("submit", str(path), "--dependency", bad, token=c.alice, check=False)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
