@@ -50,6 +50,8 @@ def test_drain_hold_release_update_requeue(cluster, tmp_path) -> None:  # type: 
     assert lines[0].split() == ["NODE", "STATE", "REASON"] and lines[1].split() == ["n1", "drained", "disk", "swap"]
     assert c.cli("node", "drain", "n1", token=c.alice, check=False).returncode == 5  # admins only
     assert c.cli("node", "drain", "n9", check=False).returncode == 4
+    made = c.cli("data", "make", "other", "--source", TINY_SOURCE, "--shards", "1", "--replicas", "1", check=False)
+    assert made.returncode == 2 and "drained" in made.stderr  # no new copies on a drained node
 
     job = submit(c, tmp_path, c.alice, "--name", "ctl", "--time", "2h")
     cycles_pass(c)
@@ -183,3 +185,24 @@ def test_dependencies_start_after_their_jobs_or_fail_saying_why(cluster, tmp_pat
     for bad, words in (("afterok:999999", "no job 999999"), ("after:1", "kind must be one of")):
         out = c.cli("submit", str(path), "--dependency", bad, token=c.alice, check=False)
         assert out.returncode == 2 and words in out.stderr, out.stderr
+
+
+def test_submit_flags_override_the_file(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c = cluster
+    path = tmp_path / "base.toml"
+    path.write_text(job_toml("base", ranks=1, dataset="nope", limits='time = "10m"'))
+    c.cli("node", "drain", "n1")
+    try:
+        out = c.cli("submit", str(path), "--name", "over", "--ranks", "2", "--gpus-per-rank", "1", "--dataset", "tiny",
+                    "--time", "1-00:00:00", token=c.alice)
+        job = c.job(int(out.stdout.split()[0]))
+        spec = job["spec"]  # as stored: the flags' values, not the file's
+        assert (spec["name"], spec["resources"], spec["data"]["dataset"], spec["limits"]["time"]) == \
+            ("over", {"ranks": 2, "gpus_per_rank": 1}, "tiny", 86400)
+        c.cli("cancel", str(job["id"]), token=c.alice)
+        bad = c.cli("submit", str(path), "--dataset", "tiny", "--ranks", "0", token=c.alice, check=False)
+        assert bad.returncode == 2 and "resources.ranks" in bad.stderr
+        bad = c.cli("submit", str(path), "--dataset", "tiny", "--time", "forever", token=c.alice, check=False)
+        assert bad.returncode == 2 and "--time" in bad.stderr
+    finally:
+        c.cli("node", "resume", "n1")
