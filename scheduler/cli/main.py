@@ -565,9 +565,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         from scheduler.cli.plots import plot_cluster, plot_job
 
         (plot_cluster if args.cluster else plot_job)(doc, args.output)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # a bad --last, nothing to draw yet, or the PNG cannot be written
         print(f"gsched plot: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.USAGE
     print(args.output)
     return 0
 
