@@ -42,6 +42,7 @@ JOB_COLUMNS: dict[str, tuple[str, Callable[[Row, float], Any]]] = {
     "state": ("STATE", lambda j, now: j["state"] + ("(held)" if j.get("held_by") else "")),
     "ranks": ("RANKS", lambda j, now: j["ranks"]),
     "gpus": ("GPUS/RANK", lambda j, now: j["gpus_per_rank"]),
+    "array": ("ARRAY", lambda j, now: f"{j['array_job_id']}_{j['array_index']}" if j.get("array_job_id") else "-"),
     "dataset": ("DATASET", lambda j, now: j.get("dataset") or "-"),
     "nodes": ("NODES", lambda j, now: ",".join(j.get("nodes") or []) or "-"),
     "submitted": ("SUBMITTED", lambda j, now: _when(j.get("submitted_at"))),

@@ -7,7 +7,9 @@ Overrides, as sbatch's flags override ``#SBATCH`` lines: ``--name``, ``--ranks``
 retried with the same request id (never two jobs), for ``--retry-s`` seconds, saying so on stderr.
 ``--wait`` prints the final state and exits 0 for COMPLETED, 1 for FAILED, CANCELLED or TIMEOUT.
 ``--dependency afterok:ID[:ID],afterany:ID,afternotok:ID`` (sbatch's) holds the job until the jobs it
-names end as it asks; one that can never be met ends the job FAILED, saying why.
+names end as it asks; one that can never be met ends the job FAILED, saying why.  ``--array 0-9%4``
+makes one job per index (the first id is the array's), at most 4 of them active at once; with
+``--wait``, the status is 0 only if every one COMPLETED.
 """
 
 from __future__ import annotations
@@ -46,17 +48,16 @@ def overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
 
 
 def send(c: Client, spec: dict[str, Any], request_id: str, retry_s: float,
-         dependency: str | None = None) -> int | ServerError:
-    """The new job's id; the ``ServerError`` the server answered with (a refusal), or raises when no
-    answer came within ``retry_s``."""
+         extra: dict[str, str] | None = None) -> list[int] | ServerError:
+    """The new jobs' ids (one, or an array's, the array's id first); the ``ServerError`` the server
+    answered with (a refusal), or raises when no answer came within ``retry_s``.  ``extra``: more of
+    the body (``dependency``, ``array``)."""
     deadline = time.monotonic() + retry_s
     attempt = 0
     while True:  # a lost answer is retried with the same request id: never two jobs
         try:
-            body = {"spec": spec, "client_request_id": request_id}
-            if dependency:
-                body["dependency"] = dependency
-            return int(c.request("POST", "/v1/jobs", body)["id"])
+            out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id, **(extra or {})})
+            return [int(i) for i in out.get("ids") or [out["id"]]]
         except ServerError as e:
             if e.status != 0 and e.status < 500:
                 return e
@@ -88,13 +89,17 @@ def cmd_submit(c: Client, args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     request_id = args.request_id or uuid.uuid4().hex
     retry_s = args.retry_s if args.retry_s is not None else float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "10"))
-    out = send(c, spec, request_id, retry_s, args.dependency)
+    extra = {k: v for k, v in (("dependency", args.dependency), ("array", args.array)) if v}
+    out = send(c, spec, request_id, retry_s, extra)
     if isinstance(out, ServerError):
         print(f"gsched submit: {args.file}: {out.message}", file=sys.stderr)
         return exitcodes.for_error(out)
-    print(out, flush=True)
+    print(out[0], flush=True)
+    if len(out) > 1:
+        print(f"gsched submit: array job {out[0]}: jobs {', '.join(map(str, out))}", file=sys.stderr)
     if not args.wait:
         return exitcodes.OK
-    state = wait(c, out)
-    print(f"job {out}: {state}")
-    return exitcodes.OK if state == "COMPLETED" else exitcodes.JOB_FAILED
+    states = [wait(c, job_id) for job_id in out]
+    for job_id, state in zip(out, states, strict=True):
+        print(f"job {job_id}: {state}")
+    return exitcodes.OK if all(state == "COMPLETED" for state in states) else exitcodes.JOB_FAILED

@@ -28,6 +28,8 @@ class JobSubmit(_In):
     client_request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     # sbatch's --dependency: afterok:ID[:ID...],afterany:ID,afternotok:ID (scheduler/core/dependency.py)
     dependency: str | None = Field(None, min_length=1, max_length=1000)
+    # sbatch's --array: 0-9, 1,3,5-7, 0-99%4 (scheduler/core/arrays.py)
+    array: str | None = Field(None, min_length=1, max_length=1000)
 
 
 class JobUpdate(_In):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core import arrays
 from scheduler.core import dependency as dep
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.jobspec import JobSpecError, validate_spec
@@ -188,12 +189,14 @@ SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its 
 
 
 def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
-               dependency: str | None = None) -> tuple[int, bool]:
+               dependency: str | None = None, array: str | None = None) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
     With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
     ``dependency`` (sbatch's ``--dependency``) must name jobs that exist; the job is not scheduled until
-    it is met (``upkeep.settle_dependencies``).
+    it is met (``upkeep.settle_dependencies``).  ``array`` (sbatch's ``--array``, ``0-9%4``) makes one job
+    per index, the same but for it; the id returned is the first's, which is the array's id
+    (``array_members`` lists them all).
     """
     require_person(who)
     if client_request_id is not None:
@@ -215,6 +218,10 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     if need > total:
         raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
                             f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
+    try:
+        indexes, max_running = arrays.parse(array) if array else ([], None)
+    except ValueError as e:
+        raise Unprocessable(f"array: {e}", "array") from None
     deps = _dependencies(s, dependency)
     why = SUBMITTED if not deps else Reason(ReasonKind.DEPENDENCY, f"waiting for dependency {dep.text(deps)}")
     job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=why.text(),
@@ -237,9 +244,24 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     else:
         s.add(job)
         s.flush()
+    if indexes:
+        job.array_job_id, job.array_index, job.array_count = job.id, indexes[0], len(indexes)
+        job.array_max_running = max_running
+        for index in indexes[1:]:
+            s.add(Job(name=job.name, user=job.user, spec=job.spec, state=JobState.PENDING, reason=job.reason,
+                      submitted_at=now, pending_since=now, explain=dict(job.explain), progress={},
+                      dependency=job.dependency, deps_met=job.deps_met, array_job_id=job.id, array_index=index,
+                      array_count=len(indexes), array_max_running=max_running))
+        s.flush()
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
            f"{spec.data.dataset}", job_id=job.id)
     return job.id, True
+
+
+def array_members(s: Session, array_job_id: int) -> list[int]:
+    """The ids of an array's jobs, by index (just ``[array_job_id]`` for a job that is no array's)."""
+    ids = list(s.scalars(select(Job.id).where(Job.array_job_id == array_job_id).order_by(Job.array_index)))
+    return ids or [array_job_id]
 
 
 def _dependencies(s: Session, text: str | None) -> list[dep.Dependency]:
@@ -357,6 +379,9 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "restarts": j.restarts,
         "held_by": j.held_by,
         "dependency": dep.text(j.dependency) if j.dependency else None,
+        "array_job_id": j.array_job_id,
+        "array_index": j.array_index,
+        "array_count": j.array_count,
         "time_limit_s": (spec.get("limits") or {}).get("time"),
         "reason": j.reason,
         "reason_kind": why["kind"] if why else None,

@@ -145,6 +145,11 @@ class Job(Base):
     # `submit --dependency`: [[kind, job id], ...] (scheduler/core/dependency.py); not scheduled until met
     dependency: Mapped[Any] = mapped_column(JSON, nullable=True)
     deps_met: Mapped[bool] = mapped_column(Boolean, default=True)
+    # `submit --array`: the array's first job, this job's index, how many jobs, how many may be active at once
+    array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     @property
     def parsed_spec(self) -> JobSpec:

@@ -8,6 +8,7 @@ it runs in a read-only session.  The simulator builds the same ``Snapshot`` from
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.jobspec import stored
-from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, ReplicaState
+from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
 from scheduler.store.models import Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
@@ -75,6 +76,27 @@ def _shape(user: str, doc: dict[str, Any]) -> JobShape:
                     dataset=spec.data.dataset, time_limit_s=float(spec.time_limit_s))
 
 
+def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
+    """The pending rows the cycle may consider: an array's jobs (``submit --array 0-9%N``) only while
+    fewer than N of them are active, and then only as many as would make N, lowest id first, so one
+    cycle cannot start more.  Rows are (id, ..., array_job_id, array_max_running), oldest id first."""
+    capped = {r[-2] for r in rows if r[-2] is not None and r[-1] is not None}
+    if not capped:
+        return list(rows)
+    active = dict(s.execute(select(Job.array_job_id, func.count()).where(
+        Job.array_job_id.in_(sorted(capped)), Job.state.in_(ACTIVE)).group_by(Job.array_job_id)).all())
+    room = {a: 0 for a in capped}
+    out = []
+    for r in rows:
+        array, cap = r[-2], r[-1]
+        if array is not None and cap is not None:
+            if active.get(array, 0) + room[array] >= cap:
+                continue
+            room[array] += 1
+        out.append(r)
+    return out
+
+
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
@@ -105,10 +127,12 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
                                       .where(Checkpoint.job_id.in_(pending_ids))
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
-    pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since, Job.spec_rev)
-                             # held, or waiting for its dependencies: not scheduled
-                             .where(Job.state == JobState.PENDING, Job.held_by.is_(None), Job.deps_met.is_(True))
-                             .order_by(Job.id)).all()
+    pending_rows = _within_array_caps(s, s.execute(
+        select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since, Job.spec_rev,
+               Job.array_job_id, Job.array_max_running)
+        # held, or waiting for its dependencies: not scheduled
+        .where(Job.state == JobState.PENDING, Job.held_by.is_(None), Job.deps_met.is_(True))
+        .order_by(Job.id)).all())
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
                                            .where(Rank.state.not_in(RANK_FINAL))):
@@ -117,7 +141,7 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
                              .where(Job.id.in_(list(by_job)))).all()
     shape_of = shapes.read(s, [(r[0], r[1], r[4]) for r in pending_rows] + [(r[0], r[1], r[3]) for r in running_rows])
     pending = []
-    for job_id, submitted_at, pending_since, waiting_since, _rev in pending_rows:
+    for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
         shape = shape_of[job_id]
         pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
                                dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,

@@ -206,3 +206,24 @@ def test_submit_flags_override_the_file(cluster, tmp_path) -> None:  # type: ign
         assert bad.returncode == 2 and "--time" in bad.stderr
     finally:
         c.cli("node", "resume", "n1")
+
+
+def test_an_array_runs_one_job_per_index_at_most_its_cap_at_once(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c = cluster
+    path = tmp_path / "arr.toml"
+    path.write_text(job_toml("arr", ranks=1, epochs=1))
+    out = c.cli("submit", str(path), "--array", "0-2%1", "--wait", token=c.alice, check=False)
+    assert out.returncode == 0, out.stderr
+    first = int(out.stdout.split()[0])
+    ids = [int(line.split()[1].rstrip(":")) for line in out.stdout.splitlines()[1:]]
+    assert ids[0] == first and len(ids) == 3 and out.stdout.count("COMPLETED") == 3
+    jobs = [c.job(i) for i in ids]
+    assert [(j["array_job_id"], j["array_index"], j["array_count"]) for j in jobs] == \
+        [(first, 0, 3), (first, 1, 3), (first, 2, 3)]
+    # %1 on a node with room for two: each started only after the one before it ended.
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        assert after["started_at"] >= before["ended_at"], (before, after)
+    lines = c.cli("history", "--format", "id,array,state", "--name", "arr").stdout.splitlines()
+    assert [line.split() for line in lines[1:]] == [[str(i), f"{first}_{k}", "COMPLETED"] for k, i in enumerate(ids)]
+    bad = c.cli("submit", str(path), "--array", "5-1", token=c.alice, check=False)
+    assert bad.returncode == 2 and "array" in bad.stderr

@@ -43,13 +43,15 @@ async def submit(body: JobSubmit, request: Request) -> JSONResponse:
     ctx = context(request)
     token = bearer(request)
 
-    def call(s: Any, now: float) -> tuple[int, bool]:
-        return svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id, body.dependency)
+    def call(s: Any, now: float) -> tuple[int, bool, list[int]]:
+        job_id, created = svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id,
+                                         body.dependency, body.array)
+        return job_id, created, svc.array_members(s, job_id) if body.array else [job_id]
 
-    job_id, created = await asyncio.wrap_future(ctx.submits.submit(call))
+    job_id, created, ids = await asyncio.wrap_future(ctx.submits.submit(call))
     if created:
         ctx.poke()
-    return JSONResponse({"id": job_id, "created": created}, status_code=201 if created else 200)
+    return JSONResponse({"id": job_id, "created": created, "ids": ids}, status_code=201 if created else 200)
 
 
 States = Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z,]*$",
