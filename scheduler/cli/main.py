@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "afternotok:ID (did not complete), comma-separated; a dependency that can never be met "
                          "ends this job FAILED")
     sb.add_argument("--array", metavar="0-9[%N]",
-                    help="one job per index (0-9, 1,3,5-7), at most N of them running at once with %%N; each rank "
-                         "gets GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT")
+                    help="one job per index (0-9, 1,3,5-7), at most N of them running at once with %%N; the "
+                         "server sends each rank GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT")
     sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
                     "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")

@@ -3,8 +3,8 @@ N of them hold devices at once (``0-99%4``).
 
 Pure: ``parse`` reads the text.  The server makes the jobs (scheduler/server/service.py ``submit_job``),
 the snapshot lets at most N of an array's jobs be active (scheduler/store/snapshot_reader.py), and each
-rank learns its place from ``GSCHED_ARRAY_JOB_ID``, ``GSCHED_ARRAY_INDEX`` and ``GSCHED_ARRAY_COUNT``
-(``env``).
+rank's assignment carries ``GSCHED_ARRAY_JOB_ID``, ``GSCHED_ARRAY_INDEX`` and ``GSCHED_ARRAY_COUNT``
+(``env``, in ``Assignment.env``; the agent's launcher is yet to put them in the rank's environment).
 """
 
 from __future__ import annotations
