@@ -346,13 +346,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from scheduler.server.config import load_settings
+    from scheduler.server.config import ConfigError, load_settings
     from scheduler.store.db import Database
 
     if args.db_verb != "upgrade":
         print("usage: gsched db upgrade [--db URL]", file=sys.stderr)
         return 2
-    settings = load_settings(args.config, db=args.db)
+    try:
+        settings = load_settings(args.config, db=args.db)
+    except ConfigError as e:
+        print(f"gsched db: {e}", file=sys.stderr)
+        return exitcodes.USAGE
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
     db.upgrade()

@@ -170,3 +170,13 @@ def test_completion_completes_verbs_options_and_names_from_the_server(cluster, t
     job.write_text(job_toml("complete-me", ranks=1, epochs=1))
     job_id = cluster.cli("submit", str(job), token=cluster.alice).stdout.split()[0]
     assert job_id in completions(cluster, f"gsched show {job_id[0]}", tmp_path, token=cluster.alice)
+
+
+def test_a_bad_server_config_stops_the_server_at_start_naming_the_key(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "gsched.toml"
+    bad.write_text('port = "abc"\n[policy]\nlocality_wiat_s = 3\n')
+    for verb in (["server", "--config", str(bad)], ["db", "upgrade", "--config", str(bad)]):
+        out = cluster.cli(*verb, check=False, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert f"{bad}: port: Input should be a valid integer" in out.stderr
+        assert "policy.locality_wiat_s: unknown key" in out.stderr
