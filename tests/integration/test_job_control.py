@@ -73,6 +73,11 @@ def test_drain_hold_release_update_requeue(cluster, tmp_path) -> None:  # type: 
 
     c.cli("release", str(job), token=c.alice)
     c.wait_job(job, "RUNNING", timeout=120)
+    # Draining the node under a running job: it keeps running (only new ranks are kept off).
+    c.cli("node", "drain", "n1", "--reason", "after this job")
+    cycles_pass(c)
+    assert c.job(job)["state"] == "RUNNING"
+    c.cli("node", "resume", "n1")
     # Running: the time limit only goes down, and the name stays.
     up = c.cli("update", str(job), "--time", "4h", token=c.alice, check=False)
     assert up.returncode == 2 and "may only go down" in up.stderr
