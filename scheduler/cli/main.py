@@ -273,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     complete(parser)  # the shell asks for completions: answer and exit
     args = parser.parse_args(argv)
     if args.version:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        print(f"gsched {version('gsched')}")
+        try:
+            print(f"gsched {version('gsched')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("gsched (not installed: no version)")
         return 0
     if args.install_completion:
         from scheduler.cli.completion import install_completion

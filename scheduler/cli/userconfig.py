@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from pathlib import Path
 
 KEYS = ("server", "token", "token_file", "ca")
@@ -60,12 +59,18 @@ def load() -> UserConfig:
     """The config file's settings; an empty ``UserConfig`` when there is no file."""
     path = config_path()
     try:
-        doc = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return UserConfig()
     except OSError as e:
         raise UserConfigError(f"{path}: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:
+        raise UserConfigError(f"{path}: not UTF-8 text") from None
+    import tomllib  # only when there is a file: most commands of a user without one never need it
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise UserConfigError(f"{path}: not valid TOML: {e}") from None
     for key, value in doc.items():
         if key not in KEYS:
