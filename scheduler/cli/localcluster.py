@@ -89,7 +89,9 @@ class LocalCluster:
         self.config = config
         self.env = {**os.environ, "GSCHED_HOME": str(self.home), "GSCHED_SERVER": self.url,
                     "GSCHED_CYCLE_INTERVAL_S": str(cycle_s), "GSCHED_HEARTBEAT_TTL_S": str(ttl_s),
-                    "GSCHED_HEARTBEAT_S": str(heartbeat_s), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+                    "GSCHED_HEARTBEAT_S": str(heartbeat_s), "PYTHONUNBUFFERED": "1",
+                    # the CLI's config file (`gsched login`): the cluster's own, never the user's
+                    "XDG_CONFIG_HOME": str(self.root / "xdg-config"), **(extra_env or {})}
         self.env.pop("GSCHED_TOKEN", None)
         if db:
             self.env["GSCHED_DB"] = db
@@ -242,13 +244,20 @@ class LocalCluster:
     def add_user(self, name: str, shares: float = 1.0) -> str:
         return str(self.admin().post("/v1/users", {"name": name, "shares": shares})["token"])
 
-    def cli(self, *args: str, token: str | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = dict(self.env)
-        env.setdefault("COLUMNS", "150")
+    def cli(self, *args: str, token: str | None = None, check: bool = True, timeout: float = 300,
+            env: dict[str, str | None] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``gsched ARGS`` against this cluster; ``env``: variables to set (None: to unset)."""
+        run_env = dict(self.env)
+        run_env.setdefault("COLUMNS", "150")
         if token:
-            env["GSCHED_TOKEN"] = token
-        out = subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=env, capture_output=True, text=True,
-                             timeout=timeout, cwd=str(self.root))
+            run_env["GSCHED_TOKEN"] = token
+        for k, v in (env or {}).items():
+            if v is None:
+                run_env.pop(k, None)
+            else:
+                run_env[k] = v
+        out = subprocess.run([sys.executable, "-m", "scheduler.cli", *args], env=run_env, capture_output=True,
+                             text=True, timeout=timeout, cwd=str(self.root), input=input)
         if check and out.returncode != 0:
             raise RuntimeError(f"gsched {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
         return out

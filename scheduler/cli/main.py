@@ -4,68 +4,94 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-import uuid
 from typing import Any
 
+from scheduler.cli import exitcodes
+from scheduler.cli.completion import SHELLS, complete, mark
+from scheduler.cli.connect import client
+from scheduler.cli.userconfig import UserConfigError
 from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.http import ServerError
 
 VERBS = {
+    "login": "remember a server, token and CA in ~/.config/gsched/config.toml (mode 0600)",
     "server": "run the central scheduler (API + scheduling cycles)",
     "agent": "run the node daemon: report devices and shards, run ranks",
     "db": "database maintenance (upgrade to the latest schema)",
     "user": "add, list, remove users or change their shares (admin)",
     "agent-token": "create an agent token bound to one node (admin)",
     "data": "make, list and re-replicate sharded data sets",
-    "submit": "submit a job.toml; prints the job id on its last line",
+    "submit": "submit a job.toml; prints the job id (with --wait, then its final state)",
     "queue": "show jobs, fair share and nodes (--watch for a live view)",
+    "history": "ended jobs, as sacct: filtered by user, state, name and time, every page",
     "show": "one job in detail: placement, shard map, epochs, checkpoints, events",
-    "cancel": "cancel a job (kills all its ranks, frees its devices)",
+    "cancel": "cancel jobs by id, or those --user/--state/--name pick (kills their ranks, frees their devices)",
+    "hold": "keep pending jobs from being scheduled until released",
+    "release": "let held jobs be scheduled again",
+    "requeue": "stop running jobs and put them back in the queue (they resume from their last checkpoint)",
+    "update": "change jobs' time limit (a running job's only down) or a pending job's name",
     "logs": "a job's rank logs (--follow to stream)",
-    "nodes": "list nodes with their devices and shards",
+    "nodes": "list nodes with their devices, shards, state and drain reason",
+    "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
     "explain": "why a job is pending, or why it landed where it did",
     "share": "each user's shares, decayed usage and fair-share factor",
     "events": "the audit log: who did what, when",
     "plot": "draw a job's training curves or the cluster's history to PNG",
     "simulate": "replay a cluster trace through the scheduling policies",
     "demo": "run the embedded demo cluster on this machine",
+    "completion": "print the shell completion script: eval \"$(gsched completion bash)\" (zsh, fish too)",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.")
-    p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER or http://127.0.0.1:8470)")
-    p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else $GSCHED_HOME/admin.token)")
-    p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA; `gsched agent` too)")
+    p.add_argument("--version", action="store_true", help="print gsched's version and exit")
+    p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER, else the config "
+                   "file's, else http://127.0.0.1:8470)")
+    p.add_argument("--token", help="API token (default $GSCHED_TOKEN, else the config file's, else "
+                   "$GSCHED_HOME/admin.token)")
+    p.add_argument("--ca", help="CA bundle to verify an HTTPS server (default $GSCHED_CA, else the config file's; "
+                   "`gsched agent` too)")
     p.add_argument("--install-completion", nargs="?", const="install", choices=["install", "print"], default=None,
-                   help="bash completion: install it under ~/.local/share/bash-completion (or print it)")
+                   help="bash completion: install it under ~/.local/share/bash-completion (or print it); "
+                        "`gsched completion SHELL` for zsh and fish")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--token", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--ca", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    sp = {name: sub.add_parser(name, help=text, description=text, parents=[common]) for name, text in VERBS.items()}
+    sp = {name: sub.add_parser(name, help=text, description=text, parents=[] if name == "login" else [common])
+          for name, text in VERBS.items()}
+
+    lo = sp["login"]
+    lo.add_argument("--server", default=argparse.SUPPRESS, help="the server's URL(s), comma-separated (required)")
+    lo.add_argument("--token-file", default=None,
+                    help="a file holding your token, read each time (default: store the token itself, taken "
+                         "from --token, $GSCHED_TOKEN or asked for)")
+    lo.add_argument("--ca", default=argparse.SUPPRESS, help="CA bundle that signed the server's certificate (HTTPS)")
+    lo.add_argument("--token", default=argparse.SUPPRESS, help="the token to store (default $GSCHED_TOKEN, else asked)")
 
     s = sp["server"]
-    s.add_argument("--host", default=None)
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--host", default=None, help="address the API listens on (default: the config's, 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="API port (default: the config's, 8470)")
     s.add_argument("--db", default=None, help="database URL (default sqlite:///$GSCHED_HOME/gsched.db)")
-    s.add_argument("--config", default=None, help="gsched.toml")
+    s.add_argument("--config", default=None, help="the server's config file (default ./gsched.toml if there is one; "
+                   "docs/config.md)")
     s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS (with --tls-key)")
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
 
     a = sp["agent"]
-    a.add_argument("--node", required=True)
-    a.add_argument("--rack", default="rack0")
+    a.add_argument("--node", required=True, help="this node's name, as the scheduler and users call it")
+    a.add_argument("--rack", default="rack0", help="the rack this node is in: the cost model's distance (default rack0)")
     a.add_argument("--gpus", default="auto", help="N CPU devices, or auto (NVIDIA GPUs via nvidia-smi)")
-    a.add_argument("--data-dir", required=True)
+    a.add_argument("--data-dir", required=True, help="where this node keeps shards, staged copies and checkpoints")
     a.add_argument("--host", default="127.0.0.1", help="address the data server binds and advertises")
     a.add_argument("--port", type=int, default=0, help="data server port (default: any free port)")
-    a.add_argument("--heartbeat-s", type=float, default=2.0)
+    a.add_argument("--heartbeat-s", type=float, default=2.0,
+                   help="seconds between reports until the server says otherwise (default 2)")
     a.add_argument("--threads-per-rank", type=int, default=None,
                    help="CPU threads per rank (torch and OMP_NUM_THREADS); default: cores x rank devices / devices")
     a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
@@ -83,111 +109,177 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
-    up.add_argument("--db", default=None)
-    up.add_argument("--config", default=None)
+    up.add_argument("--db", default=None, help="database URL (default: the config's, sqlite:///$GSCHED_HOME/gsched.db)")
+    up.add_argument("--config", default=None, help="the server's config file (gsched.toml)")
 
     u = sp["user"].add_subparsers(dest="user_verb", metavar="ACTION")
     ua = u.add_parser("add", help="create a user and print its token once")
-    ua.add_argument("name")
-    ua.add_argument("--shares", type=float, default=1.0)
-    ua.add_argument("--admin", action="store_true")
+    ua.add_argument("name", help="the new user's name")
+    ua.add_argument("--shares", type=float, default=1.0, help="fair-share weight (default 1)")
+    ua.add_argument("--admin", action="store_true", help="may act on every job and manage users")
     u.add_parser("list", help="list users")
     ur = u.add_parser("remove", help="remove a user")
-    ur.add_argument("name")
+    ur.add_argument("name", help="the user to remove")
     us = u.add_parser("shares", help="change a user's shares")
-    us.add_argument("name")
-    us.add_argument("shares", type=float)
+    us.add_argument("name", help="the user")
+    us.add_argument("shares", type=float, help="the new fair-share weight")
 
     t = sp["agent-token"].add_subparsers(dest="token_verb", metavar="ACTION")
     tc = t.add_parser("create", help="create a token for NODE's agent")
-    tc.add_argument("node")
+    tc.add_argument("node", help="the node whose agent the token is for (and only that node)")
 
     dd = sp["data"].add_subparsers(dest="data_verb", metavar="ACTION")
     dm = dd.add_parser("make", help="build a sharded data set and upload R replicas to agents")
-    dm.add_argument("name")
+    dm.add_argument("name", help="the data set's name (lower case, digits, _ . -)")
     dm.add_argument("--source", required=True, help="digits | synthetic[:k=v,...] | imagefolder:PATH")
-    dm.add_argument("--shards", type=int, default=8)
-    dm.add_argument("--replicas", type=int, default=2)
+    dm.add_argument("--shards", type=int, default=8, help="shard files to cut it into (default 8)")
+    dm.add_argument("--replicas", type=int, default=2, help="copies of each shard kept on the nodes (default 2)")
     dm.add_argument("--span", type=int, default=None,
                     help="nodes its jobs spread over: copies are striped over this many (default: with one "
                          "replica every up node, up to one a shard; with more, 1: every copy whole)")
-    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--seed", type=int, default=0, help="seed of a synthetic source and of the shuffle (default 0)")
     dm.add_argument("--format", choices=("gshard", "wds"), default="gshard",
                     help="shard files: gsched's GSHARD1, or WebDataset tars (KEY.png + KEY.cls)")
     da = dd.add_parser("add", help="register files the nodes already have (under their data dirs) as a data set")
-    da.add_argument("name")
+    da.add_argument("name", help="the data set's name")
     da.add_argument("--node", action="append", required=True, help="a node holding files (repeatable)")
     da.add_argument("--path", action="append", required=True,
                     help="the folder (or file) below that node's data dir: one per --node, or one for all")
     da.add_argument("--glob", default="*", help="which files below PATH (fnmatch, * also crosses /); default all")
-    da.add_argument("--replicas", type=int, default=2)
+    da.add_argument("--replicas", type=int, default=2, help="copies of each shard to keep (default 2)")
     da.add_argument("--span", type=int, default=None, help="nodes its jobs spread over (as for data make)")
     da.add_argument("--classes", type=int, default=None,
                     help="classes of the labels (default: from the WebDataset tars' .cls labels, else 1)")
     dl = dd.add_parser("ls", help="list data sets with replication and placement")
-    dl.add_argument("--json", action="store_true")
+    dl.add_argument("--json", action="store_true", help="the data sets as JSON")
     dp = dd.add_parser("place", help="change the replica count of a data set")
-    dp.add_argument("name")
-    dp.add_argument("--replicas", type=int, required=True)
+    mark(dp.add_argument("name", help="the data set"), "datasets")
+    dp.add_argument("--replicas", type=int, required=True, help="the new number of copies of each shard")
 
     sb = sp["submit"]
-    sb.add_argument("file")
+    sb.add_argument("file", help="the job.toml (docs/job-toml.md)")
+    sb.add_argument("--name", help="the job's name, in place of the file's")
+    sb.add_argument("--ranks", type=int, help="DDP ranks (resources.ranks), in place of the file's")
+    sb.add_argument("--gpus-per-rank", type=int, help="devices per rank (resources.gpus_per_rank)")
+    sb.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+                    "is seconds (not minutes as in Slurm)")
+    mark(sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's"), "datasets")
+    sb.add_argument("--dependency", metavar="KIND:ID[:ID],...",
+                    help="start only after other jobs end: afterok:ID (completed), afterany:ID (ended at all), "
+                         "afternotok:ID (did not complete), comma-separated; a dependency that can never be met "
+                         "ends this job FAILED")
+    sb.add_argument("--array", metavar="0-9[%N]",
+                    help="one job per index (0-9, 1,3,5-7), at most N of them running at once with %%N; the "
+                         "server sends each rank GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT")
+    sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
+                    "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
     sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
+    sb.add_argument("--retry-s", type=float, default=None,
+                    help="when the server gives no answer, retry with the same request id for this long, "
+                         "saying so on stderr (default $GSCHED_SUBMIT_RETRY_S, else 10; 0: no retry)")
+
+    def output_flags(parser: argparse.ArgumentParser, what: str) -> None:
+        parser.add_argument("-o", "--output", choices=("wide", "json"), default=None,
+                            help=f"wide: a plain table with every column; json: the {what} as the server sends them")
+        parser.add_argument("--format", default=None, metavar="COL,COL",
+                            help="a plain table of these columns, comma-separated (an unknown name lists them)")
 
     q = sp["queue"]
     q.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
-                   "and reason_text")
+                   "and reason_text (as -o json)")
+    output_flags(q, "jobs")
     q.add_argument("--watch", "-w", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
     q.add_argument("--all", action="store_true", help="include every finished job (--watch shows the last 10 minutes')")
     q.add_argument("--user", help="only this user's jobs")
     q.add_argument("--state", help="only jobs in these states, comma-separated (pending,running)")
+    q.add_argument("--name", help="only jobs of this name")
     q.add_argument("--mine", action="store_true", help="only my jobs (the token's user)")
     q.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)")
 
+    hi = sp["history"]
+    hi.add_argument("--user", help="only this user's jobs")
+    hi.add_argument("--state", help="only these final states, comma-separated (completed,failed,cancelled,timeout)")
+    hi.add_argument("--name", help="only jobs of this name")
+    hi.add_argument("--since", help="ended at or after: a date (2026-12-04, 2026-12-04T13:00) or a span back (2h, 1-00)")
+    hi.add_argument("--until", help="ended before: a date or a span back, as --since")
+    hi.add_argument("--limit", type=int, default=None, help="one page of at most this many jobs (default: every job)")
+    hi.add_argument("--after", type=int, default=None, metavar="ID", help="only jobs with a greater id (the next page)")
+    output_flags(hi, "jobs")
+
     for verb in ("show", "explain"):
-        sp[verb].add_argument("job", type=int)
-        sp[verb].add_argument("--json", action="store_true")
-    sp["cancel"].add_argument("job", type=int)
+        mark(sp[verb].add_argument("job", type=int, help="the job's id"), "jobs")
+        sp[verb].add_argument("--json", action="store_true", help="the same as JSON, as the server sends it")
+    ca = sp["cancel"]
+    mark(ca.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel"), "jobs")
+    ca.add_argument("--user", help="every job of this user not ended (with --state, --name: all must match)")
+    ca.add_argument("--state", help="every job in these states, comma-separated (pending,running)")
+    ca.add_argument("--name", help="every job of this name")
+    for verb in ("hold", "release", "requeue"):
+        mark(sp[verb].add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}"), "jobs")
+    up2 = sp["update"]
+    mark(up2.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change"), "jobs")
+    up2.add_argument("--time", help="the new time limit: 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+                     "is seconds (not minutes as in Slurm)")
+    up2.add_argument("--name", help="the new name (pending jobs only)")
     lg = sp["logs"]
-    lg.add_argument("job", type=int)
-    lg.add_argument("--rank", type=int, default=None)
-    lg.add_argument("--follow", "-f", action="store_true")
-    for verb in ("nodes", "share"):
-        sp[verb].add_argument("--json", action="store_true")
+    mark(lg.add_argument("job", type=int, help="the job's id"), "jobs")
+    lg.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
+    nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
+    ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
+    mark(ndd.add_argument("node", help="the node's name (gsched nodes lists them)"), "nodes")
+    ndd.add_argument("--reason", default="", help="why, shown by gsched nodes (default: drained by YOU)")
+    ndr = nd.add_parser("resume", help="let NODE take ranks and copies again")
+    mark(ndr.add_argument("node", help="the node's name"), "nodes")
+    sp["nodes"].add_argument("--json", action="store_true", help="the nodes as JSON (as -o json)")
+    output_flags(sp["nodes"], "nodes")
+    sp["share"].add_argument("--json", action="store_true", help="the shares as JSON")
     ev = sp["events"]
-    ev.add_argument("--job", type=int, default=None)
-    ev.add_argument("--limit", type=int, default=100)
-    ev.add_argument("--json", action="store_true")
+    mark(ev.add_argument("--job", type=int, default=None, help="only this job's events"), "jobs")
+    ev.add_argument("--limit", type=int, default=100, help="the newest this many events (default 100)")
+    ev.add_argument("--json", action="store_true", help="the events as JSON")
 
     pl = sp["plot"]
-    pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw")
+    mark(pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw"), "jobs")
     pl.add_argument("--cluster", action="store_true", help="device utilisation and queue length over time instead")
     pl.add_argument("--last", default=None, help="with --cluster: only this recent span (90s, 30m, 6h, 2d)")
     pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
 
     sim = sp["simulate"]
-    sim.add_argument("--trace", required=True)
-    sim.add_argument("--nodes", type=int, default=16)
-    sim.add_argument("--devices-per-node", type=int, default=8)
-    sim.add_argument("--racks", type=int, default=2)
-    sim.add_argument("--data", default=None)
-    sim.add_argument("--policy", default="twostage")
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--json", action="store_true")
-    sim.add_argument("--plot", default=None)
-    sim.add_argument("--failures", default=None)
+    sim.add_argument("--trace", required=True, help="CSV of job_id,submit_time_s,user,num_gpus,duration_s")
+    sim.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
+    sim.add_argument("--devices-per-node", type=int, default=8, help="devices on each (default 8)")
+    sim.add_argument("--racks", type=int, default=2, help="racks the nodes are spread over (default 2)")
+    sim.add_argument("--data", default=None, help="the data model: datasets=40,shards=16,shard_mb=512,zipf=1.1,"
+                     "replicas=3 (or none: jobs read nothing)")
+    sim.add_argument("--policy", default="twostage", help="arbiters to compare, comma-separated (default twostage)")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the data model and failures (default 0)")
+    sim.add_argument("--json", action="store_true", help="the results as JSON")
+    sim.add_argument("--plot", default=None, help="also draw the results to this PNG")
+    sim.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
     sim.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
     sim.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
 
+    sp["completion"].add_argument("shell", choices=SHELLS, help="the shell to complete in")
+
     dm2 = sp["demo"]
     dm2.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
-    dm2.add_argument("--epochs", type=int, default=3)
+    dm2.add_argument("--epochs", type=int, default=3, help="epochs the demo job trains (default 3)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    complete(parser)  # the shell asks for completions: answer and exit
     args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"gsched {version('gsched')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("gsched (not installed: no version)")
+        return 0
     if args.install_completion:
         from scheduler.cli.completion import install_completion
 
@@ -205,19 +297,27 @@ def main(argv: list[str] | None = None) -> int:
         return int(HANDLERS[args.verb](args) or 0)
     except ServerError as e:
         print(f"gsched {args.verb}: {e.message}", file=sys.stderr)
-        return 1
+        return exitcodes.for_error(e)
+    except UserConfigError as e:
+        print(f"gsched {args.verb}: {e}", file=sys.stderr)
+        return exitcodes.USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
 
 
-def client(args: argparse.Namespace) -> Client:
-    return Client(args.server, args.token, args.ca)
-
-
 def _json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+# ------------------------------------------------------------------ login
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    from scheduler.cli.login import login
+
+    return login(args)
 
 
 # ------------------------------------------------------------------ daemons
@@ -249,13 +349,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from scheduler.server.config import load_settings
+    from scheduler.server.config import ConfigError, load_settings
     from scheduler.store.db import Database
 
     if args.db_verb != "upgrade":
         print("usage: gsched db upgrade [--db URL]", file=sys.stderr)
         return 2
-    settings = load_settings(args.config, db=args.db)
+    try:
+        settings = load_settings(args.config, db=args.db)
+    except ConfigError as e:
+        print(f"gsched db: {e}", file=sys.stderr)
+        return exitcodes.USAGE
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
     db.upgrade()
@@ -333,79 +437,21 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from scheduler.cli.jobfile import JobFileError, read_job_file
+    from scheduler.cli.submit import cmd_submit as submit
 
-    try:
-        spec = read_job_file(args.file)
-    except JobFileError as e:
-        print(f"gsched submit: {e}", file=sys.stderr)
-        return 2
-    request_id = args.request_id or uuid.uuid4().hex
-    c = client(args)
-    deadline = time.monotonic() + float(os.environ.get("GSCHED_SUBMIT_RETRY_S", "60"))
-    attempt = 0
-    while True:  # retry lost responses with the same request id: never two jobs
-        try:
-            out = c.request("POST", "/v1/jobs", {"spec": spec, "client_request_id": request_id})
-            break
-        except ServerError as e:
-            if e.status != 0 and e.status < 500:
-                print(f"gsched submit: {args.file}: {e.message}", file=sys.stderr)
-                return 1
-            last = e
-            if time.monotonic() > deadline:
-                raise last from None
-            time.sleep(min(1.0, 0.1 * 2**attempt))
-            attempt += 1
-    print(out["id"])
-    return 0
-
-
-def _filter(view: dict[str, Any], args: argparse.Namespace, me: str | None) -> dict[str, Any]:
-    jobs = view["jobs"]
-    if args.user:
-        jobs = [j for j in jobs if j["user"] == args.user]
-    if args.state:
-        wanted = {s.strip().upper() for s in args.state.split(",")}
-        jobs = [j for j in jobs if j["state"] in wanted]
-    if args.mine and me:
-        jobs = [j for j in jobs if j["user"] == me]
-    return {**view, "jobs": jobs}
-
-
-RECENT_S = 600.0  # --watch keeps finished jobs on screen this long
-
-
-def _filter_note(args: argparse.Namespace, me: str | None) -> str:
-    parts = [f"user={args.user}"] * bool(args.user) + [f"state={args.state}"] * bool(args.state)
-    return ("filter: " + " ".join(parts + [f"mine ({me})"] * bool(args.mine and me))) if (parts or args.mine) else ""
+    return submit(client(args), args)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    c = client(args)
-    me = c.get("/v1/whoami")["name"] if args.mine else None
-    if args.watch:
-        from scheduler.cli.watch import watch
+    from scheduler.cli.listings import cmd_queue as queue
 
-        def select(view: dict[str, Any]) -> dict[str, Any]:
-            view = _filter(view, args, me)
-            if args.all or args.state:
-                return view
-            recent = view["time"] - RECENT_S
-            return {**view, "jobs": [j for j in view["jobs"]
-                                     if j["state"] not in FINAL or (j.get("ended_at") or 0) >= recent]}
+    return queue(client(args), args)
 
-        return watch(c, select, args.interval, include_done=True, note=_filter_note(args, me))
-    view = _filter(c.get("/v1/jobs", all="true" if args.all or args.state else None), args, me)
-    if args.json:
-        from scheduler.cli.queuefacts import job_facts
 
-        _json({**view, "jobs": [{**j, **job_facts(j, view["time"])} for j in view["jobs"]]})
-        return 0
-    from scheduler.cli.render import print_queue
+def cmd_history(args: argparse.Namespace) -> int:
+    from scheduler.cli.listings import cmd_history as history
 
-    print_queue(view, note=_filter_note(args, me))
-    return 0
+    return history(client(args), args)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -431,9 +477,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    out = client(args).post(f"/v1/jobs/{args.job}/cancel")
-    print(f"job {out['id']}: {out['state']}")
-    return 0
+    from scheduler.cli.jobctl import cmd_act
+
+    return cmd_act(client(args), args)
+
+
+cmd_hold = cmd_release = cmd_requeue = cmd_cancel
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    from scheduler.cli.jobctl import cmd_update as update
+
+    return update(client(args), args)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -455,16 +510,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    rows = client(args).get("/v1/nodes")
-    if args.json:
-        _json(rows)
-        return 0
-    from rich.console import Console
+    from scheduler.cli.listings import cmd_nodes as nodes
 
-    from scheduler.cli.render import nodes_table
+    return nodes(client(args), args)
 
-    Console().print(nodes_table(rows))
-    return 0
+
+def cmd_node(args: argparse.Namespace) -> int:
+    if args.node_verb not in ("drain", "resume"):
+        print("usage: gsched node drain NODE [--reason R] | gsched node resume NODE", file=sys.stderr)
+        return exitcodes.USAGE
+    c = client(args)
+    if args.node_verb == "drain":
+        out = c.post(f"/v1/nodes/{args.node}/drain", {"reason": args.reason})
+        print(f"node {out['name']}: drained ({out['drain_reason']})")
+    else:
+        out = c.post(f"/v1/nodes/{args.node}/resume")
+        print(f"node {out['name']}: {out['state']}, taking ranks")
+    return exitcodes.OK
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -513,9 +575,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         from scheduler.cli.plots import plot_cluster, plot_job
 
         (plot_cluster if args.cluster else plot_job)(doc, args.output)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # a bad --last, nothing to draw yet, or the PNG cannot be written
         print(f"gsched plot: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.USAGE
     print(args.output)
     return 0
 
@@ -526,6 +588,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return sim_main(args)
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from scheduler.cli.completion import script
+
+    sys.stdout.write(script(args.shell))
+    return exitcodes.OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from scheduler.cli.demo import main as demo_main
 
@@ -533,10 +602,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {
-    "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
-    "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel,
-    "logs": cmd_logs, "nodes": cmd_nodes, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
+    "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
+    "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "history": cmd_history, "show": cmd_show, "cancel": cmd_cancel,
+    "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
+    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
+    "completion": cmd_completion,
 }
 
 

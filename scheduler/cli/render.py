@@ -197,8 +197,9 @@ NODE_DROP_ORDER = ("RACK", "STAGED", "SHARDS", "SEEN")
 
 
 def node_note(n: dict[str, Any]) -> str:
-    """Why some of a node's devices are not offered: ``device 1: XID 79 (device fault)``."""
-    return "; ".join(f"device {d['index']}: {d['health']}" for d in n.get("unhealthy") or [])
+    """Why some of a node's devices are not offered: ``drained: disk swap; device 1: XID 79 (device fault)``."""
+    notes = [f"drained: {n.get('drain_reason') or 'no reason given'}"] if n.get("drained") else []
+    return "; ".join(notes + [f"device {d['index']}: {d['health']}" for d in n.get("unhealthy") or []])
 
 
 def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_only: bool = False,
@@ -211,7 +212,8 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
         up = n["state"] == NodeState.UP
         busy = total - int(n.get("devices_free") or 0) if up else 0
         kind = n.get("device_kind") or ""
-        rows.append({"NODE": n["name"], "RACK": n.get("rack", ""), "STATE": n["state"],
+        rows.append({"NODE": n["name"], "RACK": n.get("rack", ""),
+                     "STATE": "drained" if n.get("drained") and up else n["state"],
                      "DEVICES": f"{_bar(busy, total, ascii_only)} {busy}/{total} {kind}".rstrip(),
                      "SHARDS": str(n.get("shards", 0)), "STAGED": human_bytes(n.get("staged_bytes")),
                      "SEEN": f"{human_s(now - n['last_seen'])} ago" if n.get("last_seen") else "never",

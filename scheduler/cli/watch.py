@@ -18,8 +18,9 @@ from scheduler.protocol.http import Client, ServerError
 
 
 def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interval_s: float = 1.0,
-          include_done: bool = True, max_frames: int | None = None, note: str = "") -> int:
-    """Redraw until Ctrl-C (or ``max_frames`` frames, for tests); returns the exit status."""
+          query: Callable[[], dict[str, Any]] | None = None, max_frames: int | None = None, note: str = "") -> int:
+    """Redraw until Ctrl-C (or ``max_frames`` frames, for tests); returns the exit status.  Each frame
+    is ``select`` of ``GET /v1/jobs`` with the parameters ``query()`` gives then (default: none)."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.text import Text
@@ -33,7 +34,7 @@ def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interva
     last: Any = Text("connecting to the gsched server...", style="dim")
     frames = 0
     if not console.is_terminal:
-        return _print_frames(c, select, interval_s, include_done, max_frames, note, console)
+        return _print_frames(c, select, interval_s, query, max_frames, note, console)
     live = Live(last, console=console, auto_refresh=False, screen=True, transient=False,
                 redirect_stdout=False, redirect_stderr=False, vertical_overflow="crop")
     try:
@@ -41,7 +42,7 @@ def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interva
             next_at = time.monotonic()
             while max_frames is None or frames < max_frames:
                 try:
-                    view = select(c.get("/v1/jobs", all="true" if include_done else None))
+                    view = select(c.get("/v1/jobs", **(query() if query else {})))
                     last = QueueView(view, note)
                     live.update(last, refresh=True)
                 except ServerError as e:
@@ -59,7 +60,8 @@ def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interva
 
 
 def _print_frames(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interval_s: float,
-                  include_done: bool, max_frames: int | None, note: str, console: Any) -> int:
+                  query: Callable[[], dict[str, Any]] | None, max_frames: int | None, note: str,
+                  console: Any) -> int:
     """Not a terminal: one frame after another, separated by a blank line (for logs and pipes)."""
     from scheduler.cli.render import QueueView
 
@@ -67,7 +69,7 @@ def _print_frames(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]],
     try:
         while max_frames is None or frames < max_frames:
             try:
-                console.print(QueueView(select(c.get("/v1/jobs", all="true" if include_done else None)), note))
+                console.print(QueueView(select(c.get("/v1/jobs", **(query() if query else {}))), note))
             except ServerError as e:
                 console.print(f"server unreachable ({e.message}); retrying every {interval_s:g}s")
             console.print()

@@ -45,6 +45,8 @@ class ReasonKind(StrEnum):
     QUEUE_ORDER = "queue_order"  # waits behind another job (the fifo baseline)
     REQUEUED = "requeued"  # back in the queue after losing a node, its rendezvous, or a failed rank
     BIND_FAILED = "bind_failed"  # the arbiter chose it, but the bind's re-check refused
+    HELD = "held"  # held by its owner or an admin (`gsched hold`): not scheduled until released
+    DEPENDENCY = "dependency"  # waits for the jobs its --dependency names to end
     OTHER = "other"  # anything else
 
 

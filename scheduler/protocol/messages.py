@@ -222,6 +222,9 @@ class Assignment(_Out):
     num_classes: int = 10
     shards: list[ShardSource]
     resume: Resume | None = None
+    # Variables the rank's environment gets besides the launcher's own: an array job's
+    # GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT (scheduler/core/arrays.py).
+    env: dict[str, str] = Field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, int, int]:

@@ -26,6 +26,21 @@ class ErrorOut(BaseModel):
 class JobSubmit(_In):
     spec: dict[str, Any]
     client_request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    # sbatch's --dependency: afterok:ID[:ID...],afterany:ID,afternotok:ID (scheduler/core/dependency.py)
+    dependency: str | None = Field(None, min_length=1, max_length=1000)
+    # sbatch's --array: 0-9, 1,3,5-7, 0-99%4 (scheduler/core/arrays.py)
+    array: str | None = Field(None, min_length=1, max_length=1000)
+
+
+class JobUpdate(_In):
+    """``PATCH /v1/jobs/{id}``: what to change (a key left out is left as it is)."""
+
+    name: str | None = Field(None, min_length=1, max_length=64)
+    time_limit_s: int | None = Field(None, ge=1, le=30 * 86400)
+
+
+class NodeDrain(_In):
+    reason: str = Field("", max_length=200)
 
 
 class UserAdd(_In):

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.config_schema import ConfigFile
 
 
 def gsched_home() -> Path:
@@ -76,31 +79,61 @@ class ConfigError(ValueError):
     pass
 
 
-_ENV = {
-    "GSCHED_DB": ("db", str),
-    "GSCHED_HOST": ("host", str),
-    "GSCHED_PORT": ("port", int),
-    "GSCHED_CYCLE_INTERVAL_S": ("cycle_interval_s", float),
-    "GSCHED_HEARTBEAT_TTL_S": ("heartbeat_ttl_s", float),
-    "GSCHED_HEARTBEAT_S": ("heartbeat_s", float),
-    "GSCHED_TLS_CERT": ("tls_cert", str),
-    "GSCHED_TLS_KEY": ("tls_key", str),
-    "GSCHED_LEASE_TTL_S": ("lease_ttl_s", float),
-    "GSCHED_HEADER_TIMEOUT_S": ("header_timeout_s", float),
-    "GSCHED_MAX_CONNECTIONS": ("max_connections", int),
-    "GSCHED_MAX_CONNECTIONS_PER_CLIENT": ("max_connections_per_client", int),
-    "GSCHED_METRICS_TOKEN": ("metrics_token", str),
+_ENV = {  # variable -> (key, or "policy.key")
+    "GSCHED_DB": "db",
+    "GSCHED_HOST": "host",
+    "GSCHED_PORT": "port",
+    "GSCHED_CYCLE_INTERVAL_S": "cycle_interval_s",
+    "GSCHED_HEARTBEAT_TTL_S": "heartbeat_ttl_s",
+    "GSCHED_HEARTBEAT_S": "heartbeat_s",
+    "GSCHED_TLS_CERT": "tls_cert",
+    "GSCHED_TLS_KEY": "tls_key",
+    "GSCHED_LEASE_TTL_S": "lease_ttl_s",
+    "GSCHED_HEADER_TIMEOUT_S": "header_timeout_s",
+    "GSCHED_MAX_CONNECTIONS": "max_connections",
+    "GSCHED_MAX_CONNECTIONS_PER_CLIENT": "max_connections_per_client",
+    "GSCHED_METRICS_TOKEN": "metrics_token",
+    "GSCHED_ARBITER": "policy.arbiter",
+    "GSCHED_LOCALITY_WAIT_S": "policy.locality_wait_s",
 }
-_POLICY_ENV = {
-    "GSCHED_ARBITER": ("arbiter", str),
-    "GSCHED_LOCALITY_WAIT_S": ("locality_wait_s", float),
-}
+
+
+def _checked(doc: dict[str, Any], source: str, strict: bool, names: dict[str, str] | None = None) -> ConfigFile:
+    """``doc`` validated as ``ConfigFile``; ``ConfigError`` naming ``source`` and each bad key (as
+    ``names`` calls it: the environment variable for a key that came from one)."""
+    try:
+        return ConfigFile.model_validate(doc, strict=strict)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            key = (names or {}).get(key, key)
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                top = key.split(".")[0]
+                table = ConfigFile if top == key else ConfigFile.model_fields[top].annotation
+                known = sorted(getattr(table, "model_fields", {}))
+                msg = f"unknown key (known: {', '.join(known)})"
+            problems.append(f"{key}: {msg}")
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def _given(model: ConfigFile) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The top-level and the policy settings ``model`` sets, as ``Settings`` and ``PolicyConfig`` keys."""
+    top = model.model_dump(exclude_unset=True, exclude={"policy", "network"})
+    policy = model.policy.model_dump(exclude_unset=True)
+    network = model.network.model_dump(exclude_unset=True)
+    for key, gbps in network.items():
+        policy[key.replace("_gbps", "_bps")] = gbps * 1e9 / 8
+    return top, policy
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
-    """Read the config file (if any), apply ``GSCHED_*`` variables, then explicit overrides.
+    """Read the config file (if any), apply ``GSCHED_*`` variables, then explicit overrides (flags).
 
-    Raises ``ConfigError`` naming the file and key for anything it does not understand.
+    Each source is validated with ``config_schema.ConfigFile``; raises ``ConfigError`` naming the file
+    (or variable, or flag) and the key for anything wrong: an unknown key, a wrong type, a value out
+    of range.
     """
     data: dict[str, Any] = {}
     source = "defaults"
@@ -114,55 +147,21 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError(f"config file {path} not found") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: {e}") from e
-    top = {f.name for f in fields(Settings)} - {"policy", "users", "home"}
-    kwargs: dict[str, Any] = {}
-    policy_kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in top:
-            kwargs[key] = value
-        elif key == "policy":
-            known = {f.name for f in fields(PolicyConfig)}
-            for k, v in _table(value, source, key).items():
-                if k not in known:
-                    raise ConfigError(f"{source}: unknown key policy.{k} (known: {', '.join(sorted(known))})")
-                policy_kwargs[k] = v
-        elif key == "network":
-            for k, v in _table(value, source, key).items():
-                if k == "same_rack_gbps":
-                    policy_kwargs["same_rack_bps"] = float(v) * 1e9 / 8
-                elif k == "cross_rack_gbps":
-                    policy_kwargs["cross_rack_bps"] = float(v) * 1e9 / 8
-                else:
-                    raise ConfigError(f"{source}: unknown key network.{k} (same_rack_gbps, cross_rack_gbps)")
-        elif key == "users":
-            kwargs["users"] = {str(k): float(v) for k, v in _table(value, source, key).items()}
-        else:
-            raise ConfigError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(top))}, policy, network, users)")
-    for var, (name, conv) in _ENV.items():
+    kwargs, policy_kwargs = _given(_checked(data, source, strict=True))
+    env_doc: dict[str, Any] = {}
+    for var, key in _ENV.items():
         if var in os.environ:
-            kwargs[name] = conv(os.environ[var])
-    for var, (name, conv) in _POLICY_ENV.items():
-        if var in os.environ:
-            policy_kwargs[name] = conv(os.environ[var])
-    for k, v in overrides.items():
-        if v is not None:
-            kwargs[k] = v
-    try:
-        settings = Settings(**kwargs)
-        settings = replace(settings, policy=replace(settings.policy, **policy_kwargs))
-    except TypeError as e:
-        raise ConfigError(f"{source}: {e}") from e
+            table, _, name = key.rpartition(".")
+            (env_doc.setdefault(table, {}) if table else env_doc)[name] = os.environ[var]
+    env_top, env_policy = _given(_checked(env_doc, "environment", strict=False, names={v: k for k, v in _ENV.items()}))
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    flag_top, _ = _given(_checked(flags, "command line", strict=False))
+    kwargs.update(env_top, **flag_top)
+    policy_kwargs.update(env_policy)
+    settings = Settings(**kwargs)
+    settings = replace(settings, policy=replace(settings.policy, **policy_kwargs))
     _check_tls(settings)
-    _check_connections(settings, source)
     return settings
-
-
-def _check_connections(settings: Settings, source: str) -> None:
-    if not settings.header_timeout_s > 0:
-        raise ConfigError(f"{source}: header_timeout_s must be more than 0 seconds")
-    for key in ("max_connections", "max_connections_per_client"):
-        if getattr(settings, key) < 1:
-            raise ConfigError(f"{source}: {key} must be at least 1")
 
 
 def _check_tls(settings: Settings) -> None:
@@ -171,9 +170,3 @@ def _check_tls(settings: Settings) -> None:
     for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
         if path and not Path(path).is_file():
             raise ConfigError(f"{what}: {path} is not a readable file")
-
-
-def _table(value: Any, source: str, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{source}: [{key}] must be a table")
-    return value

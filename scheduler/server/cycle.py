@@ -2,7 +2,8 @@
 
 1. expire: nodes silent past ``heartbeat_ttl_s`` go down; their jobs are requeued.
 2. limits: jobs past their time limit end TIMEOUT.
-3. usage: decayed per-user device-seconds are brought up to now.
+3. usage: decayed per-user device-seconds are brought up to now; then dependencies: pending jobs whose
+   ``--dependency`` is met are let in, those whose dependency can never be met end FAILED.
 4. snapshot: one immutable ``Snapshot`` is read from the database.
 5. decide: stage 1 (per job, local) and stage 2 (the configured arbiter), pure functions of the snapshot.
 6. bind: one transaction per chosen job, re-checking that its devices are still free; a bind that
@@ -30,7 +31,7 @@ from scheduler.core.snapshot import Snapshot
 from scheduler.server.cyclestate import CycleMemory, CycleReport
 from scheduler.server.replication import schedule_replication
 from scheduler.server.report import thin_history_if_due, write_report
-from scheduler.server.upkeep import enforce_time_limits, expire_nodes, update_usage
+from scheduler.server.upkeep import enforce_time_limits, expire_nodes, settle_dependencies, update_usage
 from scheduler.store.binder import bind_all, start_locality_waits
 from scheduler.store.db import Database
 from scheduler.store.snapshot_reader import build_snapshot
@@ -69,6 +70,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
             "limits", lambda: enforce_time_limits(s, now, settings.heartbeat_ttl_s, memory.shapes))
     with db.session() as s:  # 3
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
+        report.counts["dependencies"] = phase("dependencies", lambda: settle_dependencies(s, now))
     with db.read() as s:  # 4
         snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes))
     arbiter = get_arbiter(settings.policy.arbiter)  # 5

@@ -99,6 +99,10 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
         raise Conflict("no node is up: start agents first (gsched agent ...)")
     if body.in_place:
         return _register_in_place(s, now, who, body, len(up), _most_devices(s, up_nodes))
+    up_nodes = [n for n in up_nodes if n.drained_at is None]  # a drained node takes no new copies
+    up = [(n.name, n.rack) for n in up_nodes]
+    if not up:
+        raise Conflict("every node that is up is drained (gsched node resume NODE)")
     span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards),
                                                                  _most_devices(s, up_nodes))
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from scheduler.core import arrays
 from scheduler.core.errors import Forbidden
 from scheduler.core.lifecycle import (
     ACTIVE,
@@ -387,6 +388,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             master_port=job.master_port,
             train=job.parsed_spec.train.model_dump(mode="json"),  # every knob, defaults filled
             num_classes=dataset.classes if dataset else 10,
+            env=arrays.env(job.array_job_id, job.array_index or 0, job.array_count or 1) if job.array_job_id else {},
             shards=[ShardSource(dataset=a.dataset, index=a.shard, sha256=shas.get(a.shard, ""), bytes=a.bytes,
                                 source=a.source, source_address=book.address(a.source),
                                 alternates=[book.address(n) for n in sorted(holders.get(a.shard, []))

@@ -31,11 +31,13 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     budget = concurrency - inflight
     if budget <= 0:
         return 0
-    rows = s.execute(select(Node.name, Node.rack, Node.free_bytes).where(Node.state == NodeState.UP).order_by(Node.name)).all()
-    up = [(name, rack) for name, rack, _ in rows]
+    rows = s.execute(select(Node.name, Node.rack, Node.free_bytes, Node.drained_at)
+                     .where(Node.state == NodeState.UP).order_by(Node.name)).all()
+    up = [(name, rack) for name, rack, _, _ in rows]
+    drained = {name for name, _, _, at in rows if at is not None}  # a source of copies, never a destination
     if not up:
         return 0
-    room = reported_room((name, free) for name, _, free in rows)
+    room = reported_room((name, free) for name, _, free, _ in rows)
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT)))}
@@ -74,7 +76,7 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
         repair = [node for node, state in rs if state in (ReplicaState.CORRUPT, ReplicaState.MISSING) and node in up_names
                   and node not in have]
         group = {n: b - (size if n in have else 0) for n, b in ds_bytes[ds].items()}
-        plan = place_replicas([(index, size)], up, want, existing={index: have}, node_bytes=node_bytes,
+        plan = place_replicas([(index, size)], up, want, exclude=drained, existing={index: have}, node_bytes=node_bytes,
                               group_bytes=group, room=room)
         targets = [n for n in plan.get(index, []) if n not in have]
         targets = sorted(targets, key=lambda n: (n not in repair, n))

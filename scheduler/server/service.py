@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core import arrays
+from scheduler.core import dependency as dep
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.jobspec import JobSpecError, validate_spec
 from scheduler.core.lifecycle import (
@@ -29,6 +31,7 @@ from scheduler.core.lifecycle import (
 )
 from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
+from scheduler.server.jobfilter import JobFilter
 from scheduler.store.effects import move, record
 from scheduler.store.models import (
     AgentToken,
@@ -185,10 +188,15 @@ def cluster_limits(s: Session) -> tuple[int, int]:
 SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its first cycle
 
 
-def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None) -> tuple[int, bool]:
+def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
+               dependency: str | None = None, array: str | None = None) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
     With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
+    ``dependency`` (sbatch's ``--dependency``) must name jobs that exist; the job is not scheduled until
+    it is met (``upkeep.settle_dependencies``).  ``array`` (sbatch's ``--array``, ``0-9%4``) makes one job
+    per index, the same but for it; the id returned is the first's, which is the array's id
+    (``array_members`` lists them all).
     """
     require_person(who)
     if client_request_id is not None:
@@ -210,9 +218,16 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     if need > total:
         raise Unprocessable(f"resources: the job needs {need} devices ({spec.resources.ranks} ranks x "
                             f"{spec.resources.gpus_per_rank}) but the cluster has {total}", "resources.ranks")
-    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=SUBMITTED.text(),
+    try:
+        indexes, max_running = arrays.parse(array) if array else ([], None)
+    except ValueError as e:
+        raise Unprocessable(f"array: {e}", "array") from None
+    deps = _dependencies(s, dependency)
+    why = SUBMITTED if not deps else Reason(ReasonKind.DEPENDENCY, f"waiting for dependency {dep.text(deps)}")
+    job = Job(name=spec.name, user=who.name, spec=spec.model_dump(), state=JobState.PENDING, reason=why.text(),
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
-              explain={"why": SUBMITTED.as_dict()}, progress={})
+              explain={"why": why.as_dict()}, progress={}, dependency=[list(d) for d in deps] or None,
+              deps_met=not deps)
     if client_request_id is not None:
         # Two retries racing: the unique (user, client_request_id) lets only one insert win.
         from sqlalchemy.exc import IntegrityError
@@ -229,9 +244,40 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     else:
         s.add(job)
         s.flush()
+    if indexes:
+        job.array_job_id, job.array_index, job.array_count = job.id, indexes[0], len(indexes)
+        job.array_max_running = max_running
+        for index in indexes[1:]:
+            s.add(Job(name=job.name, user=job.user, spec=job.spec, state=JobState.PENDING, reason=job.reason,
+                      submitted_at=now, pending_since=now, explain=dict(job.explain), progress={},
+                      dependency=job.dependency, deps_met=job.deps_met, array_job_id=job.id, array_index=index,
+                      array_count=len(indexes), array_max_running=max_running))
+        s.flush()
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
            f"{spec.data.dataset}", job_id=job.id)
     return job.id, True
+
+
+def array_members(s: Session, array_job_id: int) -> list[int]:
+    """The ids of an array's jobs, by index (just ``[array_job_id]`` for a job that is no array's)."""
+    ids = list(s.scalars(select(Job.id).where(Job.array_job_id == array_job_id).order_by(Job.array_index)))
+    return ids or [array_job_id]
+
+
+def _dependencies(s: Session, text: str | None) -> list[dep.Dependency]:
+    """The parsed ``--dependency``, its jobs known to exist; 422 (field ``dependency``) otherwise."""
+    if not text:
+        return []
+    try:
+        deps = dep.parse(text)
+    except ValueError as e:
+        raise Unprocessable(f"dependency: {e}", "dependency") from None
+    ids = sorted({job for _, job in deps})
+    known = set(s.scalars(select(Job.id).where(Job.id.in_(ids))))
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise Unprocessable(f"dependency: no job {', '.join(map(str, missing))}", "dependency")
+    return deps
 
 
 def get_job(s: Session, job_id: int) -> Job:
@@ -273,12 +319,13 @@ def requeue_job(s: Session, now: float, job: Job, reason: str, retry: bool = Fal
     move(s, now, job, JobState.PENDING, reason, max_restarts=max_restarts, earlier=earlier, retry=retry)
 
 
-def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list[dict[str, Any]]:
+def queue_rows(s: Session, include_done: bool = False, where: JobFilter | None = None) -> list[dict[str, Any]]:
+    """The jobs ``where`` picks (default: all, up to its limit, and one more to show there is a next
+    page), not ended ones only unless ``include_done``; oldest id first, as ``job_summary`` writes them."""
     q = select(Job)
     if not include_done:
         q = q.where(Job.state.not_in(FINAL))
-    q = q.order_by(Job.id.desc()).limit(limit)
-    jobs = list(s.scalars(q))
+    jobs = list(s.scalars((where or JobFilter()).apply(q)))
     ids = [j.id for j in jobs]
     nodes_by_job: dict[tuple[int, int], set[str]] = defaultdict(set)
     if ids:
@@ -290,7 +337,7 @@ def queue_rows(s: Session, include_done: bool = False, limit: int = 500) -> list
                                  .group_by(Metric.job_id)):
             last_epoch[jid] = ep
     return [job_summary(j, sorted(nodes_by_job.get((j.id, j.attempt), set())), last_epoch.get(j.id, 0))
-            for j in sorted(jobs, key=lambda j: j.id)]
+            for j in jobs]
 
 
 def pending_why(j: Job) -> dict[str, Any] | None:
@@ -330,6 +377,12 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "epochs": spec.get("train", {}).get("epochs", 0),
         "epochs_done": epochs_done,
         "restarts": j.restarts,
+        "held_by": j.held_by,
+        "dependency": dep.text(j.dependency) if j.dependency else None,
+        "array_job_id": j.array_job_id,
+        "array_index": j.array_index,
+        "array_count": j.array_count,
+        "time_limit_s": (spec.get("limits") or {}).get("time"),
         "reason": j.reason,
         "reason_kind": why["kind"] if why else None,
         "reason_at_s": why.get("at_s") if why else None,
@@ -402,6 +455,7 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
         healthy = sum(1 for d in devices[n.name] if d.healthy)
         out.append({
             "name": n.name, "rack": n.rack, "state": n.state, "address": n.address, "last_seen": n.last_seen,
+            "drained": n.drained_at is not None, "drained_at": n.drained_at, "drain_reason": n.drain_reason,
             "devices": healthy, "devices_free": max(0, healthy - busy[n.name]) if n.state == NodeState.UP else 0,
             "device_kind": devices[n.name][0].kind if devices[n.name] else "",
             "device_model": devices[n.name][0].model if devices[n.name] else "",

@@ -3,7 +3,9 @@
 1. ``expire_nodes``: nodes silent past the heartbeat TTL go down, and their active jobs are requeued;
 2. ``enforce_time_limits``: each active job's state is settled from its ranks (``heartbeat.sync_job``:
    rank failures whose grace has passed), and jobs past their time limit end TIMEOUT;
-3. ``update_usage``: each user's decayed device-seconds are brought up to ``now``.
+3. ``update_usage``: each user's decayed device-seconds are brought up to ``now``;
+4. ``settle_dependencies``: a pending job whose ``--dependency`` is now met may be scheduled, and one
+   whose dependency can never be met ends FAILED, saying which and why.
 
 Each runs in the caller's transaction and returns what it changed.
 """
@@ -15,8 +17,10 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.core import dependency as dep
 from scheduler.core.fairshare import accrue
 from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, RankState
+from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.server.heartbeat import sync_job
 from scheduler.server.service import finish_job, record, requeue_job
 from scheduler.store.models import Job, Node, Rank, Usage
@@ -75,3 +79,30 @@ def update_usage(s: Session, now: float, half_life_s: float) -> None:
         dt = max(0.0, now - row.updated_at)
         row.device_seconds = accrue(row.device_seconds, running[user], dt, half_life_s)
         row.updated_at = now
+
+
+def settle_dependencies(s: Session, now: float) -> int:
+    """Decide each pending job that waits for its dependencies: met, it is scheduled from this cycle
+    on; never to be met, it ends FAILED with the reason.  Returns how many were decided."""
+    waiting = list(s.scalars(select(Job).where(Job.state == JobState.PENDING, Job.deps_met.is_(False))))
+    if not waiting:
+        return 0
+    named = {int(job) for j in waiting for _, job in (j.dependency or [])}
+    states = dict(s.execute(select(Job.id, Job.state).where(Job.id.in_(sorted(named)))).all())
+    n = 0
+    for job in waiting:
+        verdict, words = dep.verdict(job.dependency or [], states)
+        if verdict == dep.MET:
+            why = Reason(ReasonKind.NEW, words)
+            job.deps_met = True
+            job.reason = why.text()
+            job.explain = {**(job.explain or {}), "why": why.as_dict()}
+            record(s, now, "server", "job.dependency", words, job_id=job.id)
+            n += 1
+        elif verdict == dep.NEVER:
+            finish_job(s, now, job, JobState.FAILED, words)
+            n += 1
+        elif job.reason != words:  # still waiting, for fewer jobs than before
+            job.reason = words
+            job.explain = {**(job.explain or {}), "why": Reason(ReasonKind.DEPENDENCY, words).as_dict()}
+    return n

@@ -7,9 +7,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.core.errors import Unprocessable
 from scheduler.core.fairshare import decay, factor
+from scheduler.core.lifecycle import FINAL
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.auth import Identity
+from scheduler.server.jobfilter import JobFilter
 from scheduler.server.service import node_rows, pending_why, queue_rows
 from scheduler.store.models import Event, Job, Usage, User
 
@@ -28,9 +31,31 @@ def share_rows(s: Session, now: float, policy: PolicyConfig) -> list[dict[str, A
              "usage": round(usage[u.name], 3), "factor": round(factor(u.name, usage, shares), 6)} for u in users]
 
 
-def queue_view(s: Session, now: float, policy: PolicyConfig, include_done: bool = False) -> dict[str, Any]:
-    return {"time": now, "jobs": queue_rows(s, include_done=include_done), "users": share_rows(s, now, policy),
-            "nodes": node_rows(s)}
+def _page(rows: list[dict[str, Any]], where: JobFilter) -> tuple[list[dict[str, Any]], int | None]:
+    """The rows of one page, and the ``after`` of the next (None: no more)."""
+    if len(rows) > where.limit:
+        rows = rows[:where.limit]
+        return rows, rows[-1]["id"]
+    return rows, None
+
+
+def queue_view(s: Session, now: float, policy: PolicyConfig, include_done: bool = False,
+               where: JobFilter | None = None) -> dict[str, Any]:
+    """``GET /v1/jobs``: the jobs ``where`` picks (one page; ``next`` the ``after`` of the next), each
+    user's share and the nodes."""
+    where = where or JobFilter()
+    jobs, after = _page(queue_rows(s, include_done=include_done, where=where), where)
+    return {"time": now, "jobs": jobs, "next": after, "users": share_rows(s, now, policy), "nodes": node_rows(s)}
+
+
+def history_view(s: Session, now: float, where: JobFilter) -> dict[str, Any]:
+    """``GET /v1/history``: ended jobs ``where`` picks (any final state when it names none), one page."""
+    if not where.states:
+        where = JobFilter(**{**where.__dict__, "states": tuple(sorted(FINAL))})
+    elif not set(where.states) <= FINAL:
+        raise Unprocessable(f"state: history lists ended jobs ({', '.join(sorted(FINAL))})", "state")
+    jobs, after = _page(queue_rows(s, include_done=True, where=where), where)
+    return {"time": now, "jobs": jobs, "next": after}
 
 
 def explain_view(s: Session, job: Job) -> dict[str, Any]:

@@ -54,10 +54,15 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
         return "the job is gone"
     if job.state != JobState.PENDING:
         return f"the job is {job.state} now, no longer PENDING"
+    if job.held_by is not None:
+        return f"the job is held by {job.held_by} now"
+    if not job.deps_met:
+        return "the job waits for its dependencies"
     healthy: dict[str, list[int]] = defaultdict(list)
     for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
         healthy[d.node].append(d.index)
-    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP))}
+    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP,
+                                                   Node.drained_at.is_(None)))}  # drained since the snapshot
     plan = plan_binding(cand, healthy, busy_devices(s), up)
     if isinstance(plan, str):
         return plan

@@ -61,6 +61,9 @@ class Node(Base):
     free_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     # Bytes moved by staging on this node (as destination).
     staged_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Drained (`gsched node drain`): no new ranks or shard copies land here; running ranks finish.
+    drained_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    drain_reason: Mapped[str] = mapped_column(String(200), default="")
 
 
 class Device(Base):
@@ -137,6 +140,16 @@ class Job(Base):
     priority: Mapped[float] = mapped_column(Float, default=0.0)
     explain: Mapped[Any] = mapped_column(JSON, default=dict)  # the last cycle's view of this job
     progress: Mapped[Any] = mapped_column(JSON, default=dict)  # staging / training progress
+    held_by: Mapped[str | None] = mapped_column(String(64), nullable=True)  # `gsched hold`: not scheduled
+    spec_rev: Mapped[int] = mapped_column(Integer, default=0)  # bumped when `gsched update` changes the spec
+    # `submit --dependency`: [[kind, job id], ...] (scheduler/core/dependency.py); not scheduled until met
+    dependency: Mapped[Any] = mapped_column(JSON, nullable=True)
+    deps_met: Mapped[bool] = mapped_column(Boolean, default=True)
+    # `submit --array`: the array's first job, this job's index, how many jobs, how many may be active at once
+    array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     @property
     def parsed_spec(self) -> JobSpec:

@@ -8,6 +8,7 @@ it runs in a read-only session.  The simulator builds the same ``Snapshot`` from
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.jobspec import stored
-from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, ReplicaState
+from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
 from scheduler.store.models import Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
@@ -36,31 +37,33 @@ class JobShape:
 
 @dataclass
 class JobShapes:
-    """The shapes of jobs, read once per job: a spec never changes after submit, and decoding the specs
-    of two thousand pending jobs was a third of the snapshot's time.
+    """The shapes of jobs, read once per revision of a job's spec: decoding the specs of two thousand
+    pending jobs was a third of the snapshot's time.
 
-    Keyed by (job id, submitted_at): the submit time guards against a reused id.  One per database
+    Keyed by (job id, submitted_at, spec_rev): the submit time guards against a reused id, the
+    revision (bumped by ``gsched update``) against a changed spec.  One per database
     (the cycle process keeps one in its ``CycleMemory``); ended jobs are forgotten now and then."""
 
-    known: dict[tuple[int, float], JobShape] = field(default_factory=dict)
+    known: dict[tuple[int, float, int], JobShape] = field(default_factory=dict)
 
-    def read(self, s: Session, keys: list[tuple[int, float]]) -> dict[int, JobShape]:
-        """The shapes of the jobs given as (id, submitted_at), reading those not known yet."""
+    def read(self, s: Session, keys: list[tuple[int, float, int]]) -> dict[int, JobShape]:
+        """The shapes of the jobs given as (id, submitted_at, spec_rev), reading those not known yet."""
         known = self.known
-        missing = [i for i, t in keys if (i, t) not in known]
+        missing = [i for i, t, r in keys if (i, t, r) not in known]
         for start in range(0, len(missing), SHAPE_CHUNK):
-            for job_id, submitted_at, user, spec in s.execute(select(Job.id, Job.submitted_at, Job.user, Job.spec)
-                                                              .where(Job.id.in_(missing[start:start + SHAPE_CHUNK]))):
-                known[(job_id, submitted_at)] = _shape(user, spec)
+            for job_id, submitted_at, rev, user, spec in s.execute(
+                    select(Job.id, Job.submitted_at, Job.spec_rev, Job.user, Job.spec)
+                    .where(Job.id.in_(missing[start:start + SHAPE_CHUNK]))):
+                known[(job_id, submitted_at, rev)] = _shape(user, spec)
         if len(known) > 4 * max(len(keys), 1000):  # forget ended jobs now and then
             wanted = set(keys)
             for key in [k for k in known if k not in wanted]:
                 del known[key]
-        return {i: known[(i, t)] for i, t in keys if (i, t) in known}
+        return {i: known[(i, t, r)] for i, t, r in keys if (i, t, r) in known}
 
     def of(self, job: Job) -> JobShape:
         """The shape of a job already loaded."""
-        key = (job.id, job.submitted_at)
+        key = (job.id, job.submitted_at, job.spec_rev or 0)
         shape = self.known.get(key)
         if shape is None:
             shape = self.known[key] = _shape(job.user, job.spec)
@@ -71,6 +74,27 @@ def _shape(user: str, doc: dict[str, Any]) -> JobShape:
     spec = stored(doc)
     return JobShape(user=user, ranks=spec.resources.ranks, devices_per_rank=spec.resources.gpus_per_rank,
                     dataset=spec.data.dataset, time_limit_s=float(spec.time_limit_s))
+
+
+def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
+    """The pending rows the cycle may consider: an array's jobs (``submit --array 0-9%N``) only while
+    fewer than N of them are active, and then only as many as would make N, lowest id first, so one
+    cycle cannot start more.  Rows are (id, ..., array_job_id, array_max_running), oldest id first."""
+    capped = {r[-2] for r in rows if r[-2] is not None and r[-1] is not None}
+    if not capped:
+        return list(rows)
+    active = dict(s.execute(select(Job.array_job_id, func.count()).where(
+        Job.array_job_id.in_(sorted(capped)), Job.state.in_(ACTIVE)).group_by(Job.array_job_id)).all())
+    room = {a: 0 for a in capped}
+    out = []
+    for r in rows:
+        array, cap = r[-2], r[-1]
+        if array is not None and cap is not None:
+            if active.get(array, 0) + room[array] >= cap:
+                continue
+            room[array] += 1
+        out.append(r)
+    return out
 
 
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
@@ -84,7 +108,8 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == NodeState.UP).order_by(Node.name)):
+    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == NodeState.UP, Node.drained_at.is_(None))
+                                .order_by(Node.name)):  # a drained node takes no new ranks
         devs = healthy.get(name, 0)
         nodes[name] = NodeView(name=name, rack=rack, devices=devs, free=max(0, devs - len(busy[name])))
     shards: dict[str, list[ShardView]] = defaultdict(list)
@@ -102,23 +127,28 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
                                       .where(Checkpoint.job_id.in_(pending_ids))
                                       .order_by(Checkpoint.job_id, Checkpoint.epoch)):
         ckpt_nodes[job_id] = tuple(ck_nodes or ())
-    pending_rows = s.execute(select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since)
-                             .where(Job.state == JobState.PENDING).order_by(Job.id)).all()
+    pending_rows = _within_array_caps(s, s.execute(
+        select(Job.id, Job.submitted_at, Job.pending_since, Job.locality_wait_since, Job.spec_rev,
+               Job.array_job_id, Job.array_max_running)
+        # held, or waiting for its dependencies: not scheduled
+        .where(Job.state == JobState.PENDING, Job.held_by.is_(None), Job.deps_met.is_(True))
+        .order_by(Job.id)).all())
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
                                            .where(Rank.state.not_in(RANK_FINAL))):
         by_job[job_id][node] += len(devices or [])
-    running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at).where(Job.id.in_(list(by_job)))).all()
-    shape_of = shapes.read(s, [(r[0], r[1]) for r in pending_rows] + [(r[0], r[1]) for r in running_rows])
+    running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at, Job.spec_rev)
+                             .where(Job.id.in_(list(by_job)))).all()
+    shape_of = shapes.read(s, [(r[0], r[1], r[4]) for r in pending_rows] + [(r[0], r[1], r[3]) for r in running_rows])
     pending = []
-    for job_id, submitted_at, pending_since, waiting_since in pending_rows:
+    for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
         shape = shape_of[job_id]
         pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
                                dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,
                                time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ()),
                                waiting_since_s=waiting_since))
     running = []
-    for job_id, _submitted, started_at in running_rows:
+    for job_id, _submitted, started_at, _rev in running_rows:
         start = started_at or now
         running.append(RunningView(id=job_id, user=shape_of[job_id].user,
                                    devices_by_node=tuple(sorted(by_job[job_id].items())),

@@ -57,7 +57,7 @@ def setup_cluster(db: Database, clock: FakeClock, nodes=("n1", "n2")) -> None:  
                 n, replicas=[{"dataset": "d", "shard": i, "bytes": 1000, "sha256": SHA} for i in (0, 1)]))
 
 
-HEAD = "0007"  # the newest migration in migrations/versions
+HEAD = "0010"  # the newest migration in migrations/versions
 
 SPEC = {"name": "j", "resources": {"ranks": 2, "gpus_per_rank": 1}, "data": {"dataset": "d"},
         "train": {"epochs": 1}, "limits": {"time": "1h"}}
@@ -177,12 +177,12 @@ def test_every_phase_of_the_cycle_is_timed_bind_included(db: Database) -> None:
     with db.session() as s:
         svc.submit_job(s, clock.now(), ALICE, SPEC, None)
     report = run_cycle(db, settings(), clock.advance(1))
-    assert list(report.durations_s) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate",
+    assert list(report.durations_s) == ["expire", "limits", "usage", "dependencies", "snapshot", "decide", "bind", "replicate",
                                         "report", "thin"]
     assert report.counts["bound"] == 1 and report.counts["bind_failed"] == 0
     with db.read() as s:  # the cluster sample holds the phases that ran before it was written
         sample = s.scalars(select(ClusterSample)).one()
-        assert list(sample.durations) == ["expire", "limits", "usage", "snapshot", "decide", "bind", "replicate"]
+        assert list(sample.durations) == ["expire", "limits", "usage", "dependencies", "snapshot", "decide", "bind", "replicate"]
 
 
 def bound_job(db: Database, spec: dict = SPEC) -> tuple[FakeClock, int]:  # type: ignore[type-arg]

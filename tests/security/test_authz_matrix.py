@@ -33,8 +33,15 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("GET /v1/jobs/{job}/logs",                    (401, 401, 403, 200, 200, 403, 403)),
     ("POST /v1/jobs/{fresh_job}/cancel",           (401, 401, 403, 200, 200, 403, 403)),
     ("POST /v1/jobs",                              (401, 401, 201, 201, 201, 403, 403)),
+    ("POST /v1/jobs/{fresh_job}/hold",             (401, 401, 403, 200, 200, 403, 403)),
+    ("POST /v1/jobs/{fresh_job}/release",          (401, 401, 403, 200, 200, 403, 403)),
+    ("POST /v1/jobs/{fresh_job}/requeue",          (401, 401, 403, 409, 409, 403, 403)),  # allowed; it is PENDING
+    ("PATCH /v1/jobs/{fresh_job}",                 (401, 401, 403, 200, 200, 403, 403)),
+    ("GET /v1/history",                            READ),
     ("GET /v1/events",                             READ),
     ("GET /v1/nodes",                              READ),
+    ("POST /v1/nodes/{node}/drain",                (401, 401, 403, 403, 200, 403, 403)),
+    ("POST /v1/nodes/{node}/resume",               (401, 401, 403, 403, 200, 403, 403)),
     ("GET /v1/datasets",                           READ),
     ("GET /v1/transfers",                          READ),
     ("GET /v1/share",                              READ),
@@ -67,6 +74,12 @@ def body_for(w: World, endpoint: str) -> Any:
         "POST /v1/agent-tokens": lambda: {"node": "n9"},
         "POST /v1/agent/heartbeat": lambda: w.heartbeat("n1"),
         "POST /v1/jobs/{fresh_job}/cancel": lambda: {},
+        "POST /v1/jobs/{fresh_job}/hold": lambda: {},
+        "POST /v1/jobs/{fresh_job}/release": lambda: {},
+        "POST /v1/jobs/{fresh_job}/requeue": lambda: {},
+        "PATCH /v1/jobs/{fresh_job}": lambda: {"time_limit_s": 60, "name": f"renamed{n}"},
+        "POST /v1/nodes/{node}/drain": lambda: {"reason": "matrix"},
+        "POST /v1/nodes/{node}/resume": lambda: {},
     }
     make = bodies.get(endpoint)
     return make() if make else None
@@ -79,7 +92,7 @@ def path_for(w: World, path: str) -> str:
         path = path.replace("{fresh_user}", w.new_user())
     if "{new_dataset}" in path:
         path = path.replace("{new_dataset}", f"new{next(_counter)}")
-    return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset)
+    return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset).replace("{node}", "n1")
 
 
 def token_of(w: World, who: str) -> str | None:
@@ -138,6 +151,22 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("GET /v1/jobs/{job}/logs",            "/v1/jobs/{job}/logs?after=x",         None,             OWNER),
     ("GET /v1/jobs/{job}/logs",            "/v1/jobs/abc/logs",                   None,             PERSON),  # whose job is unknown
     ("POST /v1/jobs/{fresh_job}/cancel",   "/v1/jobs/abc/cancel",                 None,             PERSON),
+    ("POST /v1/jobs/{fresh_job}/hold",     "/v1/jobs/abc/hold",                   None,             PERSON),
+    ("POST /v1/jobs/{fresh_job}/release",  "/v1/jobs/0/release",                  None,             PERSON),
+    ("POST /v1/jobs/{fresh_job}/requeue",  "/v1/jobs/-3/requeue",                 None,             PERSON),
+    ("PATCH /v1/jobs/{fresh_job}",         "/v1/jobs/{fresh_job}",                {"bogus": 1},     OWNER),
+    ("PATCH /v1/jobs/{fresh_job}",         "/v1/jobs/{fresh_job}",                NOT_JSON,         OWNER),
+    ("PATCH /v1/jobs/{fresh_job}",         "/v1/jobs/{fresh_job}",                {"time_limit_s": 0}, OWNER),
+    ("PATCH /v1/jobs/{fresh_job}",         "/v1/jobs/{fresh_job}",                {"name": "bad name!"}, OWNER),
+    ("GET /v1/history",                    "/v1/history?limit=0",                 None,             PERSON),
+    ("GET /v1/history",                    "/v1/history?state=bogus",             None,             PERSON),
+    ("GET /v1/history",                    "/v1/history?state=running",           None,             PERSON),  # not ended
+    ("GET /v1/history",                    "/v1/history?since=abc",               None,             PERSON),
+    ("GET /v1/jobs",                       "/v1/jobs?state=nope",                 None,             PERSON),
+    ("POST /v1/nodes/{node}/drain",        "/v1/nodes/{node}/drain",              {"bogus": 1},     ADMIN),
+    ("POST /v1/nodes/{node}/drain",        "/v1/nodes/{node}/drain",              NOT_JSON,         ADMIN),
+    ("POST /v1/nodes/{node}/drain",        "/v1/nodes/" + "x" * 65 + "/drain",    {"reason": ""},   ADMIN),
+    ("POST /v1/nodes/{node}/resume",       "/v1/nodes/" + "x" * 65 + "/resume",   None,             ADMIN),
     ("GET /v1/events",                     "/v1/events?limit=0",                  None,             PERSON),
     ("GET /v1/events",                     "/v1/events?job=abc",                  None,             PERSON),
     ("GET /v1/cluster/history",            "/v1/cluster/history?since=abc",       None,             PERSON),

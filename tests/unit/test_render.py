@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import re
 import struct
-import subprocess
 import time
 from typing import Any
 
@@ -316,15 +315,3 @@ def test_plots_write_fixed_size_pngs(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="no epoch metrics yet"):
         plot_job({**detail_doc(), "metrics": []}, tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
-
-
-def test_bash_completion_is_valid_bash_and_completes_verbs_and_options(tmp_path: Any) -> None:
-    from scheduler.cli.completion import bash_script
-    from scheduler.cli.main import build_parser
-
-    script = tmp_path / "gsched.bash"
-    script.write_text(bash_script(build_parser()))
-    probe = ('source "$1"; t() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _gsched; '
-             'echo "${COMPREPLY[*]}"; }; t gsched qu; t gsched queue --wa; t gsched user ""')
-    out = subprocess.run(["bash", "-c", probe, "bash", str(script)], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["queue", "--watch", "add list remove shares --help"]

@@ -13,9 +13,10 @@ from fastapi.responses import PlainTextResponse
 
 from scheduler.core.errors import Unauthorized
 from scheduler.server import service as svc
-from scheduler.server.api_models import MAX_ID
+from scheduler.server.api_models import MAX_ID, NodeDrain
+from scheduler.server.drain import drain_node, resume_node
 from scheduler.server.metrics import history_rows, render
-from scheduler.server.routes.base import PERSON, PUBLIC, Routes, context, who
+from scheduler.server.routes.base import ADMIN, PERSON, PUBLIC, Name, Routes, again, context, who
 from scheduler.server.views import events_view, share_rows
 
 routes = Routes()
@@ -31,6 +32,22 @@ def health(request: Request) -> dict[str, Any]:
 def nodes(request: Request) -> list[dict[str, Any]]:
     with context(request).db.read() as s:
         return svc.node_rows(s)
+
+
+@routes.route("POST", "/v1/nodes/{name}/drain", ADMIN)
+def drain(name: Name, body: NodeDrain, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        return drain_node(s, ctx.clock.now(), again(s, request), name, body.reason)
+
+
+@routes.route("POST", "/v1/nodes/{name}/resume", ADMIN)
+def resume(name: Name, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        out = resume_node(s, ctx.clock.now(), again(s, request), name)
+    ctx.poke()
+    return out
 
 
 @routes.route("GET", "/v1/share", PERSON)

@@ -11,11 +11,12 @@ from fastapi import Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, TypeAdapter, ValidationError
 
+from scheduler.server import jobcontrol
 from scheduler.server import service as svc
-from scheduler.server.api_models import MAX_ID, JobSubmit
+from scheduler.server.api_models import MAX_ID, JobSubmit, JobUpdate
 from scheduler.server.auth import Identity
 from scheduler.server.routes.base import PERSON, Access, JobId, Routes, again, bearer, context, known, who
-from scheduler.server.views import explain_view, queue_view
+from scheduler.server.views import JobFilter, explain_view, history_view, queue_view
 from scheduler.store.models import Job
 
 routes = Routes()
@@ -42,20 +43,47 @@ async def submit(body: JobSubmit, request: Request) -> JSONResponse:
     ctx = context(request)
     token = bearer(request)
 
-    def call(s: Any, now: float) -> tuple[int, bool]:
-        return svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id)
+    def call(s: Any, now: float) -> tuple[int, bool, list[int]]:
+        job_id, created = svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id,
+                                         body.dependency, body.array)
+        return job_id, created, svc.array_members(s, job_id) if body.array else [job_id]
 
-    job_id, created = await asyncio.wrap_future(ctx.submits.submit(call))
+    job_id, created, ids = await asyncio.wrap_future(ctx.submits.submit(call))
     if created:
         ctx.poke()
-    return JSONResponse({"id": job_id, "created": created}, status_code=201 if created else 200)
+    return JSONResponse({"id": job_id, "created": created, "ids": ids}, status_code=201 if created else 200)
+
+
+States = Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z,]*$",
+                                    description="comma-separated job states (PENDING,RUNNING)")]
+UserName = Annotated[str | None, Query(max_length=64, description="only this user's jobs")]
+JobName = Annotated[str | None, Query(max_length=64, description="only jobs of this name")]
+Limit = Annotated[int, Query(ge=1, le=10000, description="at most this many jobs in one answer")]
+After = Annotated[int, Query(ge=0, le=MAX_ID, description="only jobs with a greater id (paging: the last `next`)")]
+Time = Annotated[float | None, Query(ge=0, le=1e11, description="a time, in seconds since the epoch")]
 
 
 @routes.route("GET", "/v1/jobs", PERSON)
-def queue(request: Request, all: bool = False) -> dict[str, Any]:
+def queue(request: Request, all: bool = False, user: UserName = None, state: States = None, name: JobName = None,
+          ended_after: Time = None, limit: Limit = 5000, after: After = 0) -> dict[str, Any]:
+    """The queue: jobs not ended (``all``: ended ones too; ``ended_after``: those ended since too),
+    filtered here, oldest first; with ``next``, the id to pass as ``after`` for the page after (None:
+    this was the last)."""
     ctx = context(request)
+    f = JobFilter.of(user=user, states=state, name=name, limit=limit, after=after, ended_after=ended_after)
     with ctx.db.read() as s:
-        return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all)
+        return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all or bool(f.states) or ended_after is not None,
+                          where=f)
+
+
+@routes.route("GET", "/v1/history", PERSON)
+def history(request: Request, user: UserName = None, state: States = None, name: JobName = None,
+            since: Time = None, until: Time = None, limit: Limit = 1000, after: After = 0) -> dict[str, Any]:
+    """Ended jobs (as ``sacct``): those that ended in [``since``, ``until``), oldest id first, paged."""
+    ctx = context(request)
+    f = JobFilter.of(user=user, states=state, name=name, limit=limit, after=after, since=since, until=until)
+    with ctx.db.read() as s:
+        return history_view(s, ctx.clock.now(), f)
 
 
 @routes.route("GET", "/v1/jobs/{job_id}", PERSON)
@@ -89,3 +117,35 @@ def logs(job_id: JobId, request: Request, rank: Annotated[int | None, Query(ge=0
         job = svc.get_job(s, job_id)
         svc.require_owner(job, me)
         return svc.job_logs(s, job, rank, after)
+
+
+@routes.route("POST", "/v1/jobs/{job_id}/hold", JOB_OWNER)
+def hold(job_id: JobId, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        return jobcontrol.hold_job(s, ctx.clock.now(), again(s, request), job_id)
+
+
+@routes.route("POST", "/v1/jobs/{job_id}/release", JOB_OWNER)
+def release(job_id: JobId, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        out = jobcontrol.release_job(s, ctx.clock.now(), again(s, request), job_id)
+    ctx.poke()
+    return out
+
+
+@routes.route("POST", "/v1/jobs/{job_id}/requeue", JOB_OWNER)
+def requeue(job_id: JobId, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        out = jobcontrol.requeue_job_by(s, ctx.clock.now(), again(s, request), job_id)
+    ctx.poke()
+    return out
+
+
+@routes.route("PATCH", "/v1/jobs/{job_id}", JOB_OWNER)
+def update(job_id: JobId, body: JobUpdate, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        return jobcontrol.update_job(s, ctx.clock.now(), again(s, request), job_id, body.name, body.time_limit_s)
