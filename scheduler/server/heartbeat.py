@@ -262,7 +262,7 @@ def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
             s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
                              bytes=int(line.get("bytes", 0) or 0), created_at=now))
-            keep = job.parsed_spec.train.keep_checkpoints
+            keep = job.parsed_spec.knobs.keep_checkpoints
             if keep > 0:  # the agents deleted the older files; their rows go too
                 s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
         elif kind == "progress":
@@ -367,7 +367,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                                                             ShardAssignment.attempt == job.attempt,
                                                             ShardAssignment.rank == r.rank)
                                .order_by(ShardAssignment.shard)))
-        dataset = s.get(Dataset, job.parsed_spec.data.dataset)
+        dataset = s.get(Dataset, job.parsed_spec.dataset) if job.parsed_spec.dataset else None
         wanted = {a.shard for a in reads}
         shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
             Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
@@ -385,7 +385,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             devices=r.devices,
             master_addr=book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
             master_port=job.master_port,
-            train=job.parsed_spec.train.model_dump(mode="json"),  # every knob, defaults filled
+            train=job.parsed_spec.knobs.model_dump(mode="json"),  # every knob, defaults filled
             num_classes=dataset.classes if dataset else 10,
             shards=[ShardSource(dataset=a.dataset, index=a.shard, sha256=shas.get(a.shard, ""), bytes=a.bytes,
                                 source=a.source, source_address=book.address(a.source),

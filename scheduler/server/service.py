@@ -199,9 +199,9 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
         spec = validate_spec(spec_doc)
     except JobSpecError as e:
         raise Unprocessable("invalid job spec: " + "; ".join(e.errors), e.errors[0].split(":")[0]) from None
-    if s.get(Dataset, spec.data.dataset) is None:
+    if spec.dataset is not None and s.get(Dataset, spec.dataset) is None:
         known = ", ".join(s.scalars(select(Dataset.name).order_by(Dataset.name))) or "none yet"
-        raise Unprocessable(f"data.dataset: no data set {spec.data.dataset!r} (known: {known})", "data.dataset")
+        raise Unprocessable(f"data.dataset: no data set {spec.dataset!r} (known: {known})", "data.dataset")
     per_node, total = cluster_limits(s)
     need = spec.resources.ranks * spec.resources.gpus_per_rank
     if spec.resources.gpus_per_rank > per_node:
@@ -230,7 +230,7 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
         s.add(job)
         s.flush()
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
-           f"{spec.data.dataset}", job_id=job.id)
+           f"{spec.dataset or 'no data'}" + (" (own command)" if spec.run else ""), job_id=job.id)
     return job.id, True
 
 
@@ -317,7 +317,7 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "state": j.state,
         "ranks": res.get("ranks", 1),
         "gpus_per_rank": res.get("gpus_per_rank", 1),
-        "dataset": spec.get("data", {}).get("dataset"),
+        "dataset": (spec.get("data") or {}).get("dataset"),
         "nodes": nodes,
         "local_fraction": j.local_fraction,
         "transfer_bytes": j.transfer_bytes,
@@ -327,7 +327,7 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "pending_since": j.pending_since,
         "started_at": j.started_at,
         "ended_at": j.ended_at,
-        "epochs": spec.get("train", {}).get("epochs", 0),
+        "epochs": (spec.get("train") or {}).get("epochs", 0),
         "epochs_done": epochs_done,
         "restarts": j.restarts,
         "reason": j.reason,
