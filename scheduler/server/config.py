@@ -9,6 +9,7 @@ Example::
     heartbeat_ttl_s = 15.0
     tls_cert = "/etc/gsched/server.pem"            # HTTPS (both or neither; see docs/security.md)
     tls_key = "/etc/gsched/server.key"
+    run_as_agent_user = false                      # true: single-team mode, jobs run as the agents' account
 
     [policy]
     arbiter = "twostage"
@@ -25,13 +26,15 @@ Example::
 
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
 GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
-GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT.
+GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_RUN_AS_AGENT_USER
+(1/true/yes/on).
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,9 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection whose request headers take longer is closed
     max_connections: int = 2048  # connections open at once; a new one beyond is closed at once
     max_connections_per_client: int = 256  # the same, from one client address
+    # Single-team mode: every [run] job runs as the agents' own account, whatever its user (no
+    # `gsched user ... --unix-user` mapping needed).  False: a [run] job needs its user's mapping.
+    run_as_agent_user: bool = False
 
     @property
     def scheme(self) -> str:
@@ -75,7 +81,11 @@ class ConfigError(ValueError):
     pass
 
 
-_ENV = {
+def _flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GSCHED_DB": ("db", str),
     "GSCHED_HOST": ("host", str),
     "GSCHED_PORT": ("port", int),
@@ -88,6 +98,7 @@ _ENV = {
     "GSCHED_HEADER_TIMEOUT_S": ("header_timeout_s", float),
     "GSCHED_MAX_CONNECTIONS": ("max_connections", int),
     "GSCHED_MAX_CONNECTIONS_PER_CLIENT": ("max_connections_per_client", int),
+    "GSCHED_RUN_AS_AGENT_USER": ("run_as_agent_user", _flag),
 }
 _POLICY_ENV = {
     "GSCHED_ARBITER": ("arbiter", str),
@@ -152,6 +163,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         raise ConfigError(f"{source}: {e}") from e
     _check_tls(settings)
     _check_connections(settings, source)
+    if not isinstance(settings.run_as_agent_user, bool):
+        raise ConfigError(f"{source}: run_as_agent_user must be true or false")
     return settings
 
 

@@ -43,7 +43,8 @@ async def submit(body: JobSubmit, request: Request) -> JSONResponse:
     token = bearer(request)
 
     def call(s: Any, now: float) -> tuple[int, bool]:
-        return svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id)
+        return svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id,
+                              single_team=ctx.settings.run_as_agent_user)
 
     job_id, created = await asyncio.wrap_future(ctx.submits.submit(call))
     if created:
