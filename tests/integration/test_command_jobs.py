@@ -147,7 +147,9 @@ def test_a_requeued_job_resumes_from_its_newest_mirrored_checkpoint(two_nodes: L
     second = env_file(work / "env-2.txt")
     assert second["TORCHELASTIC_RESTART_COUNT"] == "1" and second["GSCHED_ATTEMPT"] == "2"
     resumed = Path(second["GSCHED_RESUME_FROM"])
-    assert resumed.is_file() and resumed.name.startswith("epoch-")
+    other = doc["ranks"][0]["node"]  # the mirror it was fetched from, or this node's own copy
+    assert resumed.parent == c.data_dir(other) / ".gsched" / "jobs" / str(job_id) / "checkpoints"
+    assert resumed.name.startswith("epoch-")  # (pruned since: the job keeps the newest 3)
     log = c.cli("logs", str(job_id)).stdout
     assert f"resumed from {resumed}" in log
     # It went on from there: the epochs of the second attempt start after the one it resumed from.
