@@ -467,7 +467,7 @@ class RankRunner(threading.Thread):
         own, as ``account``; raises ``StartError`` when it cannot be started (the node and path named)."""
         ids: dict[str, Any] = {}
         if account.switch:
-            ids = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups), "umask": 0o077}
+            ids = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups), "umask": 0o022}
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "ab") as logf:
             try:
