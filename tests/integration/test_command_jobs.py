@@ -71,6 +71,8 @@ def test_a_plain_ddp_script_runs_on_two_ranks_with_torchruns_environment_and_loc
     assert sorted(r["node"] for r in ranks.values()) == ["n1", "n2"] and all(r["exit_code"] == 0 for r in ranks.values())
 
     envs = {r: env_file(work / f"env-{r}-1.txt") for r in (0, 1)}
+    # single-team mode: the ranks ran as the agents' own account, with no mapping for the admin
+    assert all((work / f"env-{r}-1.txt").stat().st_uid == os.geteuid() for r in (0, 1))
     shards_by_rank = {r: [s for s in doc["shards"] if s["rank"] == r] for r in (0, 1)}
     for r, env in envs.items():
         node = ranks[r]["node"]
