@@ -189,7 +189,7 @@ class RankRunner(threading.Thread):
                 continue  # a [run] job's checkpoints are the files in its checkpoint dir, taken below
             self._held.append(line)
         if self.watch is not None:
-            ended = self.proc is not None and self.proc.poll() is not None
+            ended = self.state in RANK_FINAL  # nothing is being written any more: take every new file
             for name, number in self.watch.scan(final=ended):
                 dest = checkpoint_path(self.agent.data_dir, self.a.job_id, f"epoch-{number:04d}.pt")
                 self._held.append({"type": "checkpoint", "epoch": number, "path": str(dest),
