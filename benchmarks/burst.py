@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 import threading
 import time
@@ -121,6 +122,7 @@ def burst(report: Report) -> None:
         bad = [j["id"] for j in rows if j["state"] != "COMPLETED"]
     finally:
         c.close()
+        shutil.rmtree(c.root, ignore_errors=True)
     report.add(Figure("burst", f"{jobs} one-rank [\"true\"] jobs on {agents}x{DEVICES}",
                       f"submitted in {submitted:.2f} s, all started {started:.2f} s, all finished {finished:.2f} s "
                       f"after the first submit, {jobs / finished:.0f} jobs/s",
@@ -152,6 +154,7 @@ def replay(report: Report) -> None:
         rows = sorted((j for j in _jobs(c) if j["id"] in ids), key=lambda j: j["id"])
     finally:
         c.close()
+        shutil.rmtree(c.root, ignore_errors=True)
     jct = [j["ended_at"] - j["submitted_at"] for j in rows]
     ratio = (sum(jct) / len(jct)) / (sum(ideal) / len(ideal))
     bad = [j["id"] for j in rows if j["state"] != "COMPLETED"]
