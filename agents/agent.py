@@ -26,6 +26,7 @@ from agents.devices import Devices
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
+from agents.runas import agent_account
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
 from agents.throttle import Throttle
@@ -309,6 +310,11 @@ class Agent:
         self.inventory.scan()
         log.info("agent %s (rack %s) serving data on %s, %d %s device(s), data dir %s", self.node, self.rack,
                  self.address, len(self.devices), self.device_kind, self.data_dir)
+        me = agent_account()
+        if me.uid != 0:  # agents/runas.py: it cannot switch accounts
+            log.warning("agent runs as %s, not root: it runs [run] jobs only as %s (a job mapped to another "
+                        "account fails; run the agent as root, or the server with run_as_agent_user = true)",
+                        me.name, me.name)
         failures = 0
         while not self._stop.is_set():
             try:

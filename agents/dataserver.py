@@ -298,7 +298,9 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, str(e))
             if path.is_symlink():
                 return self._send(400, "refusing to write through a symlink")
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # A job's mirrored checkpoints are for the agent alone here (0700); a rank that resumes
+            # from them on this node lets its account's group read them (agents/launcher.py).
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if kind == "shards" else 0o700)
             tmp = path.with_name(path.name + f".part{threading.get_ident()}")
             digest = hashlib.sha256()
             remaining = length

@@ -2,8 +2,13 @@
 
 A ``RankRunner`` is a thread owned by the agent.  The agent reads ``report()`` into each heartbeat
 and calls ``update(assignment)`` with the ``Assignment`` the server sends back (the rendezvous port
-arrives that way) and ``kill()`` when told to stop the rank.  The rank process is the built-in
-workload, started with a ``RankSpec`` file (scheduler/protocol/rankspec.py) made from the assignment.
+arrives that way) and ``kill()`` when told to stop the rank.
+
+There is one way to start a rank: a command, in its own process group, as the job's Unix account
+(agents/runas.py), with torchrun's and gsched's environment (agents/rankenv.py).  A ``[run]`` job's
+command is the user's own; the built-in workload's is ``python -m agents.workloads.resnet_ddp --spec
+FILE``, with a ``RankSpec`` file (scheduler/protocol/rankspec.py) made from the assignment.  Stopping
+a rank is SIGTERM to its group, then SIGKILL after the job's ``grace_s`` (the built-in's: 10 s).
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.ckptwatch import CheckpointWatch, copy_checkpoint
 from agents.dataserver import checkpoint_dir, checkpoint_path
+from agents.rankenv import RankFacts, rank_env
 from agents.rankfail import RENDEZVOUS, rendezvous_failure
-from agents.shardfile import background_priority, shard_path
+from agents.runas import Account, AccountError, agent_account, own, resolve, share
+from agents.shardfile import background_priority, prune_checkpoints, shard_path
 from agents.staging import StagingError, fetch
 from scheduler.protocol.messages import Assignment, ShardSource
 from scheduler.protocol.rankspec import RankSpec
+from scheduler.protocol.runspec import RunTable
 from scheduler.protocol.states import RANK_FINAL, RankState
 
 log = logging.getLogger("gsched.agent.rank")
@@ -33,6 +42,15 @@ KILL_GRACE_S = 10.0
 
 class RendezvousError(RuntimeError):
     """Rank 0 got no rendezvous port: an infrastructure failure of this node, not of the job."""
+
+
+class StartError(RuntimeError):
+    """The rank's command could not be started here (its workdir is missing, its program not found,
+    its account unknown): the job's fault, reported with the node and the path."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class RankRunner(threading.Thread):
@@ -62,6 +80,9 @@ class RankRunner(threading.Thread):
         self.metrics_offset = 0
         self._held: list[dict[str, Any]] = []
         self._mirroring: threading.Thread | None = None
+        self.account: Account | None = None  # whom the rank runs as, once known (run())
+        self.out_dir = root.parent / "out"  # a [run] job's GSCHED_CHECKPOINT_DIR
+        self.watch: CheckpointWatch | None = None  # rank 0 of a [run] job: its checkpoint files
 
     @property
     def state(self) -> RankState:
@@ -88,15 +109,25 @@ class RankRunner(threading.Thread):
             _signal_group(proc, signal.SIGTERM)
             threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
 
+    def grace_s(self) -> float:
+        """How long a rank has between SIGTERM and SIGKILL: its ``[run] grace_s``, the built-in's 10 s."""
+        try:
+            run = self.a.command()
+        except ValueError:
+            run = None
+        return run.grace_s if run is not None else KILL_GRACE_S
+
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         try:
-            proc.wait(KILL_GRACE_S)
+            proc.wait(self.grace_s())
         except subprocess.TimeoutExpired:
             _signal_group(proc, signal.SIGKILL)
 
     def drained(self) -> bool:
         """Whether every metric line and all log text of an ended rank has been handed over."""
         if self._held or (self._mirroring is not None and self._mirroring.is_alive()):
+            return False
+        if self.watch is not None and self.watch.pending():
             return False
         try:
             if self.a.rank == 0 and self.metrics_path.stat().st_size > self.metrics_offset:
@@ -121,19 +152,13 @@ class RankRunner(threading.Thread):
 
     def log_tail(self, n: int = 4000) -> str:
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, self.log_path.stat().st_size - n))
-                return f.read().decode(errors="replace")
+            size = self.log_path.stat().st_size
         except OSError:
             return ""
+        return _read_at(self.log_path, max(0, size - n), n).decode(errors="replace")
 
     def new_log_text(self, limit: int = 32768) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.log_offset)
-                data = f.read(limit)
-        except OSError:
-            return ""
+        data = _read_at(self.log_path, self.log_offset, limit)
         self.log_offset += len(data)
         return data.decode(errors="replace")
 
@@ -150,22 +175,31 @@ class RankRunner(threading.Thread):
             if self._mirroring.is_alive():
                 return []
             self._mirroring = None
-        try:
-            with open(self.metrics_path, "rb") as f:
-                f.seek(self.metrics_offset)
-                data = f.read()
-        except OSError:
-            data = b""
+        data = _read_at(self.metrics_path, self.metrics_offset, 1 << 24)
         end = data.rfind(b"\n") + 1
         self.metrics_offset += end
         for raw in data[:end].splitlines():
             try:
-                self._held.append(json.loads(raw))
+                line = json.loads(raw)
             except ValueError:
                 continue
+            if not isinstance(line, dict):
+                continue
+            if self.a.run is not None and line.get("type") == "checkpoint":
+                continue  # a [run] job's checkpoints are the files in its checkpoint dir, taken below
+            self._held.append(line)
+        if self.watch is not None:
+            ended = self.state in RANK_FINAL  # nothing is being written any more: take every new file
+            for name, number in self.watch.scan(final=ended):
+                dest = checkpoint_path(self.agent.data_dir, self.a.job_id, f"epoch-{number:04d}.pt")
+                self._held.append({"type": "checkpoint", "epoch": number, "path": str(dest),
+                                   "file": name, "_from": str(self.out_dir / name)})
         out: list[dict[str, Any]] = []
         while self._held:
             line = self._held[0]
+            if line.pop("_dropped", False):
+                self._held.pop(0)  # a file that changed while it was copied: its next version is taken later
+                continue
             if line.get("type") == "checkpoint" and "mirrors" not in line:
                 self._mirroring = threading.Thread(target=self._mirror, args=(line,), daemon=True)
                 self._mirroring.start()
@@ -176,16 +210,30 @@ class RankRunner(threading.Thread):
     def _mirror(self, line: dict[str, Any]) -> None:
         background_priority()  # the next epoch is training on these cores
         keep = self.a.knobs().keep_checkpoints  # as many as the rank keeps (it was launched with these)
-        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, Path(str(line.get("path", ""))), keep)
+        path = Path(str(line.get("path", "")))
+        source = line.pop("_from", None)
+        if source is not None:  # a [run] job's file: copied into the store first, as the agent's
+            account = self.account or agent_account()
+            size = copy_checkpoint(Path(source), path, account.uid if account.switch else None)
+            if size is None:
+                line["_dropped"] = True
+                return
+            share(path, account, 0o640)
+            line["bytes"] = size
+            prune_checkpoints(path.parent, keep)
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, path, keep)
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:
         try:
+            self._prepare()
             paths = self._stage()
             if self._killed.is_set():
                 self.state = RankState.KILLED
                 return
             resume = self._stage_checkpoint()
+            if resume is not None and self.a.run is not None and self.account is not None:
+                share(Path(resume), self.account, 0o640)  # the job's group may read it, not change it
             self.state = RankState.READY
             port = self._rendezvous()
             if port is None:
@@ -196,6 +244,12 @@ class RankRunner(threading.Thread):
             self.error, self.failure = str(e), RENDEZVOUS
             log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
             self.exit_code = 3
+            self.state = RankState.EXITED
+        except StartError as e:
+            self.error = str(e)
+            log.error("job %s rank %s: %s", self.key[0], self.key[2], self.error)
+            self._note(self.error)
+            self.exit_code = e.exit_code
             self.state = RankState.EXITED
         except StagingError as e:
             self.error = f"staging failed: {e}"
@@ -210,6 +264,51 @@ class RankRunner(threading.Thread):
         finally:
             if self.master_port is not None:  # rank 0's store is gone with it: the port can go to another job
                 self.agent.ports.release(self.master_port)
+
+    def _prepare(self) -> None:
+        """Whom the rank runs as, and its directories given to that account: the attempt's directory
+        (logs, metric lines, the shard list) and a [run] job's checkpoint dir are its own (0700); the
+        mirrored checkpoints it resumes from are the agent's, readable by its group (0750)."""
+        try:
+            run = self.a.command()
+        except ValueError as e:
+            raise StartError(str(e)) from None
+        try:
+            account = resolve(self.a.run_as, self.agent.node, self.a.user) if run is not None else agent_account()
+        except AccountError as e:
+            raise StartError(f"cannot run as the job's account: {e}") from None
+        self.account = account
+        if run is None:
+            return
+        job_dir = self.run_dir.parent
+        if account.switch:
+            job_dir.chmod(0o711)  # the agent's: only the account's own directories below can be read
+        own(self.run_dir, account, 0o700)
+        self.out_dir.mkdir(exist_ok=True)
+        own(self.out_dir, account, 0o700)
+        store = checkpoint_dir(self.agent.data_dir, self.a.job_id)
+        store.mkdir(parents=True, exist_ok=True)
+        share(store, account, 0o750)
+        for f in store.iterdir():
+            if f.is_file() and not f.is_symlink():
+                share(f, account, 0o640)
+        for f in (self.log_path, self.metrics_path):
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+            own(f, account, 0o600)
+        if self.a.rank == 0:
+            first = (self.a.resume.epoch if self.a.resume is not None else 0) + 1
+            self.watch = CheckpointWatch(self.out_dir, account.uid if account.switch else None, first)
+            self.watch.prime()
+
+    def _note(self, text: str) -> None:
+        """Add a line of the agent's to the rank's log (what ``gsched logs`` shows with its output)."""
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "ab") as f:
+                f.write(f"gsched: {text}\n".encode())
+        except OSError:
+            pass
 
     def _stage(self) -> list[str]:
         todo = []
@@ -316,41 +415,41 @@ class RankRunner(threading.Thread):
 
     def _launch(self, paths: list[str], resume: str | None, port: int) -> None:
         a = self.a
-        spec = RankSpec(job_id=a.job_id, shards=paths, num_classes=a.num_classes,
-                        checkpoint_dir=str(checkpoint_dir(self.agent.data_dir, a.job_id)),
-                        metrics_path=str(self.metrics_path), resume_from=resume, train=a.knobs())
-        spec_path = self.run_dir / f"rank-{a.rank}.spec.json"
-        spec_path.write_text(json.dumps(workload_spec(spec), indent=1))
-        env = dict(os.environ)
-        threads = str(self.agent.threads_per_rank(len(a.devices)))
-        env.update({
-            "MASTER_ADDR": a.master_addr or "127.0.0.1", "MASTER_PORT": str(port),
-            "RANK": str(a.rank), "LOCAL_RANK": str(a.local_rank), "WORLD_SIZE": str(a.world_size),
-            "LOCAL_WORLD_SIZE": str(a.local_world_size), "GSCHED_JOB_ID": str(a.job_id),
-            "GSCHED_DEVICES": ",".join(str(d) for d in a.devices), "PYTHONUNBUFFERED": "1",
-            # The rank's CPU threads: torch's own pool (GSCHED_THREADS) and OpenMP's for whatever
-            # else reads it, as torchrun sets OMP_NUM_THREADS for its ranks.
-            "GSCHED_THREADS": threads, "OMP_NUM_THREADS": threads,
-        })
-        if self.agent.net_iface:  # which interface gloo and NCCL bind on multi-homed hosts
-            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.agent.net_iface
-        if self.agent.device_kind == "cuda":
-            # NVML (the agent's inventory) numbers devices in PCI bus order; CUDA's default is fastest
-            # first. With this, index i means the same device to the agent, the server and the rank.
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in a.devices)
+        run = a.command()
+        account = self.account or agent_account()
+        shard_list = self.run_dir / f"rank-{a.rank}.shards"
+        _write_own(shard_list, "".join(p + "\n" for p in paths), account)
+        if run is None:  # the built-in workload, as one such command
+            ckpt_dir = str(checkpoint_dir(self.agent.data_dir, a.job_id))
+            spec = RankSpec(job_id=a.job_id, shards=paths, num_classes=a.num_classes, checkpoint_dir=ckpt_dir,
+                            metrics_path=str(self.metrics_path), resume_from=resume, train=a.knobs())
+            spec_path = self.run_dir / f"rank-{a.rank}.spec.json"
+            spec_path.write_text(json.dumps(workload_spec(spec), indent=1))
+            argv = [sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(spec_path)]
+            cwd, extra = str(self.run_dir), {}
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ""
+            ckpt_dir = str(self.out_dir)
+            argv, cwd, extra = run.argv(), run.workdir or str(self.run_dir), dict(run.env)
+            if not os.path.isdir(cwd):
+                raise StartError(f"run.workdir {cwd} does not exist on node {self.agent.node}")
+        facts = RankFacts(job_id=a.job_id, attempt=a.attempt, rank=a.rank, local_rank=a.local_rank,
+                          world_size=a.world_size, local_world_size=a.local_world_size, group_rank=a.group_rank,
+                          group_world_size=a.group_world_size, master_addr=a.master_addr, master_port=port,
+                          devices=a.devices, device_kind=self.agent.device_kind,
+                          threads=self.agent.threads_per_rank(len(a.devices)),
+                          dataset=a.dataset or (a.shards[0].dataset if a.shards else ""), shards=paths,
+                          shard_list=str(shard_list), checkpoint_dir=ckpt_dir, resume_from=resume or "",
+                          metrics_file=str(self.metrics_path))
+        env = rank_env(os.environ, facts, extra, account.env(), self.agent.net_iface, a.env)
         if self._killed.is_set():
             self.state = RankState.KILLED
             return
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agents.workloads.resnet_ddp", "--spec", str(spec_path)],
-                                         stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=str(self.run_dir),
-                                         start_new_session=True)
+        self._start(argv, cwd, env, account, run)
+        assert self.proc is not None
         self.agent.remember_pid(self.proc.pid)
         self.state = RankState.RUNNING
-        log.info("job %s rank %s started (pid %s, devices %s)", a.job_id, a.rank, self.proc.pid, a.devices)
+        log.info("job %s rank %s started (pid %s, devices %s%s)", a.job_id, a.rank, self.proc.pid, a.devices,
+                 f", as {account.name}" if account.switch else "")
         code = self.proc.wait()
         self.agent.forget_pid(self.proc.pid)
         if self._killed.is_set():
@@ -363,11 +462,55 @@ class RankRunner(threading.Thread):
         self.state = RankState.KILLED if self._killed.is_set() else RankState.EXITED
         log.info("job %s rank %s exited with %s", a.job_id, a.rank, code)
 
+    def _start(self, argv: list[str], cwd: str, env: dict[str, str], account: Account, run: RunTable | None) -> None:
+        """Start ``argv`` in ``cwd``, its output appended to the rank's log, in a process group of its
+        own, as ``account``; raises ``StartError`` when it cannot be started (the node and path named)."""
+        ids: dict[str, Any] = {}
+        if account.switch:
+            ids = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups), "umask": 0o022}
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "ab") as logf:
+            try:
+                self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, cwd=cwd, start_new_session=True, **ids)
+            except OSError as e:
+                if run is None:
+                    raise
+                who = f" as {account.name}" if account.switch else ""
+                what = e.strerror or str(e)
+                where = f"in run.workdir {cwd}" if e.filename == cwd else f"{argv[0]!r} in {cwd}"
+                raise StartError(f"could not start {where} on node {self.agent.node}{who}: {what}",
+                                 126 if isinstance(e, PermissionError) else 127) from None
+
 
 def workload_spec(spec: RankSpec) -> dict[str, Any]:
     """The rank spec file's JSON: ``spec`` as ``model_dump``, what the workload reads with ``RankSpec``
     (agents/workloads/resnet_ddp/spec.py)."""
     return spec.model_dump(mode="json")
+
+
+def _read_at(path: Path, offset: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``path`` from ``offset``, never through a symlink (the file may be in a
+    directory the job's account owns); b"" when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read(limit)
+
+
+def _write_own(path: Path, text: str, account: Account) -> None:
+    """Write ``path`` (never through a symlink) and give it to ``account``, readable by it alone."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    own(path, account, 0o600)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

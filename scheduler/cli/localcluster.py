@@ -186,13 +186,14 @@ class LocalCluster:
         marker = str(self.data_dir(node).resolve()).encode()
         for pid in self.rank_pids():
             try:
-                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes() or _shard_list_under(pid, marker):
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 
     def rank_pids(self) -> list[int]:
-        """Live rank processes started by this cluster's agents (read from /proc)."""
+        """Live rank processes started by this cluster's agents (read from /proc): the built-in's, and
+        every process of a [run] job's command (each has the GSCHED_SHARD_LIST its agent set)."""
         root = str(self.root.resolve()).encode()
         pids = []
         for d in Path("/proc").iterdir():
@@ -200,7 +201,8 @@ class LocalCluster:
                 continue
             try:
                 cmd = (d / "cmdline").read_bytes()
-                if b"agents.workloads.resnet_ddp" in cmd and root in cmd and "State:\tZ" not in (d / "status").read_text():
+                ours = (b"agents.workloads.resnet_ddp" in cmd and root in cmd) or _shard_list_under(int(d.name), root)
+                if ours and "State:\tZ" not in (d / "status").read_text():
                     pids.append(int(d.name))
             except OSError:
                 continue
@@ -241,8 +243,11 @@ class LocalCluster:
     def client(self, token: str) -> Client:
         return Client(self.url, token)
 
-    def add_user(self, name: str, shares: float = 1.0) -> str:
-        return str(self.admin().post("/v1/users", {"name": name, "shares": shares})["token"])
+    def add_user(self, name: str, shares: float = 1.0, unix_user: str = "") -> str:
+        body: dict[str, Any] = {"name": name, "shares": shares}
+        if unix_user:
+            body["unix_user"] = unix_user
+        return str(self.admin().post("/v1/users", body)["token"])
 
     def cli(self, *args: str, token: str | None = None, check: bool = True, timeout: float = 300,
             env: dict[str, str | None] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -300,3 +305,12 @@ class LocalCluster:
             lines = log.read_text(errors="replace").splitlines()[-n:]
             parts.append(f"--- {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
+
+
+def _shard_list_under(pid: int, root: bytes) -> bool:
+    """Whether process ``pid`` is a rank (or a child of one) whose GSCHED_SHARD_LIST lies under ``root``."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(v.startswith(b"GSCHED_SHARD_LIST=" + root) for v in env)

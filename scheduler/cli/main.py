@@ -117,7 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("name", help="the new user's name")
     ua.add_argument("--shares", type=float, default=1.0, help="fair-share weight (default 1)")
     ua.add_argument("--admin", action="store_true", help="may act on every job and manage users")
+    ua.add_argument("--unix-user", default="", metavar="ACCOUNT",
+                    help="the Unix account the user's [run] jobs run as on the nodes")
     u.add_parser("list", help="list users")
+    uset = u.add_parser("set", help="change a user's Unix account (--unix-user '' removes it) or shares")
+    uset.add_argument("name", help="the user to change")
+    uset.add_argument("--unix-user", default=None, metavar="ACCOUNT",
+                      help="the Unix account the user's [run] jobs run as ('' removes the mapping)")
+    uset.add_argument("--shares", type=float, default=None, help="the new fair-share weight")
     ur = u.add_parser("remove", help="remove a user")
     ur.add_argument("name", help="the user to remove")
     us = u.add_parser("shares", help="change a user's shares")
@@ -373,20 +380,32 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_user(args: argparse.Namespace) -> int:
     c = client(args)
     if args.user_verb == "add":
-        out = c.post("/v1/users", {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user"})
+        out = c.post("/v1/users", {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user",
+                                   "unix_user": args.unix_user})
         print(f"user {out['name']} created; token (shown once):", file=sys.stderr)
         print(out["token"])
     elif args.user_verb == "list":
         for u in c.get("/v1/users"):
-            print(f"{u['name']:<20} shares={u['shares']:g} role={u['role']}")
+            print(f"{u['name']:<20} shares={u['shares']:g} role={u['role']}"
+                  + (f" unix_user={u['unix_user']}" if u.get("unix_user") else ""))
     elif args.user_verb == "remove":
         c.request("DELETE", f"/v1/users/{args.name}")
         print(f"user {args.name} removed")
+    elif args.user_verb == "set":
+        if args.unix_user is None and args.shares is None:
+            print("gsched user set: give --unix-user ACCOUNT and/or --shares N", file=sys.stderr)
+            return 2
+        if args.unix_user is not None:
+            c.request("PUT", f"/v1/users/{args.name}/unix-user", {"unix_user": args.unix_user})
+            print(f"user {args.name}: runs [run] jobs as {args.unix_user or '(no account)'}")
+        if args.shares is not None:
+            c.request("PUT", f"/v1/users/{args.name}/shares", {"shares": args.shares})
+            print(f"user {args.name}: shares {args.shares:g}")
     elif args.user_verb == "shares":
         c.request("PUT", f"/v1/users/{args.name}/shares", {"shares": args.shares})
         print(f"user {args.name}: shares {args.shares:g}")
     else:
-        print("usage: gsched user add|list|remove|shares", file=sys.stderr)
+        print("usage: gsched user add|list|set|remove|shares", file=sys.stderr)
         return 2
     return 0
 

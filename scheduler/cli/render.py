@@ -379,6 +379,11 @@ def job_detail(doc: dict[str, Any], console: Console | None = None, now: float |
         tr = spec["train"]
         rows.append(("train", ", ".join([f"{k} {tr[k]}" for k in ("batch_size", "lr", "grad_accum_steps") if k in tr]
                                         + ([] if tr.get("checkpoint", True) else ["no checkpoints"]))))
+    if spec.get("run"):
+        run = spec["run"]
+        cmd = run.get("command")
+        shown = cmd if isinstance(cmd, str) else " ".join(str(x) for x in cmd or [])
+        rows.append(("command", shown[:200] + (f"  (in {run['workdir']})" if run.get("workdir") else "")))
     c.print(_kv(rows))
 
     if doc.get("ranks") and isinstance(doc["ranks"], list):

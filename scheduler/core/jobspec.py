@@ -19,16 +19,20 @@ Example::
     [limits]
     time = "30m"         # wall-clock limit: "90s", "2h30m", "1:30:00", "1-12:00:00" or seconds
     max_restarts = 3     # requeues after node loss before the job fails
+
+A job runs the built-in (``[train]``, the default) or the user's own command (``[run]``,
+scheduler/protocol/runspec.py), never both; ``[data]`` is optional for a ``[run]`` job.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from scheduler.core.durations import parse_duration
 from scheduler.protocol.rankspec import TrainKnobs
+from scheduler.protocol.runspec import RunTable
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -69,16 +73,45 @@ class Limits(_Strict):
         return seconds
 
 
+BOTH = "a job has [run] (your own command) or [train] (the built-in ResNet-18), never both: remove one"
+NO_DATA = "required key is missing ([data] may be left out only by a [run] job)"
+
+
 class JobSpec(_Strict):
+    """A validated job.toml.  Exactly one of ``train`` (the built-in, the default when neither is
+    given) and ``run`` (the user's command) is set; ``data`` is None only for a ``run`` job."""
+
     name: str = Field(pattern=NAME_PATTERN)
     resources: Resources = Resources()
-    data: Data
-    train: TrainKnobs = TrainKnobs()
+    data: Data | None = None
+    train: TrainKnobs | None = None
+    run: RunTable | None = None
     limits: Limits = Limits()
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> JobSpec:
+        if self.run is not None and self.train is not None:
+            raise ValueError(BOTH)
+        if self.run is None:
+            if self.data is None:
+                raise ValueError("data: " + NO_DATA)
+            if self.train is None:
+                self.train = TrainKnobs()
+        return self
 
     @property
     def time_limit_s(self) -> int:
         return int(self.limits.time)
+
+    @property
+    def dataset(self) -> str | None:
+        """The data set the job reads (None: a ``[run]`` job without ``[data]``)."""
+        return self.data.dataset if self.data is not None else None
+
+    @property
+    def knobs(self) -> TrainKnobs:
+        """The ``[train]`` knobs of a built-in job (defaults for a ``[run]`` job, which has none)."""
+        return self.train if self.train is not None else TrainKnobs()
 
 
 def stored(doc: dict[str, Any]) -> JobSpec:
@@ -99,10 +132,20 @@ def validate_spec(data: Any) -> JobSpec:
     """Validate a parsed job.toml; raises ``JobSpecError`` with one message per bad field."""
     if not isinstance(data, dict):
         raise JobSpecError(["job spec must be a table"])
+    # The two rules across tables, named by the table at fault (a model-wide check has no field).
+    first: list[str] = []
+    if "run" in data and "train" in data:
+        first.append(f"train: {BOTH}")
+    elif "run" not in data and "data" not in data:
+        first.append(f"data: {NO_DATA}")
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as e:
-        raise JobSpecError([_describe(err) for err in e.errors()]) from None
+        found = [_describe(err) for err in e.errors() if err.get("loc") or not first]
+        raise JobSpecError(first + [m for m in found if m not in first]) from None
+    if first:
+        raise JobSpecError(first)
+    return spec
 
 
 def _describe(err: Any) -> str:

@@ -196,6 +196,14 @@ def _finish(job: JobFacts, to: JobState, reason: str, now: float) -> list[Effect
             Record(f"job.{to.lower()}", reason)]
 
 
+def _finish_unseen(job: JobFacts, to: JobState, reason: str, now: float) -> list[Effect]:
+    """BOUND or STAGING -> COMPLETED: every rank ran and exited 0 between two heartbeats (a command
+    such as ``true``), so the job was never seen RUNNING; it started and ended now."""
+    progress = {k: v for k, v in (job.progress or {}).items() if k != "staging"} | {"staged": True}
+    return [SetFields({"started_at": job.started_at or now, "progress": progress}), CloseStaging(),
+            *_finish(job, to, reason, now)]
+
+
 def _cancel(job: JobFacts, to: JobState, reason: str, now: float, *, actor: str) -> list[Effect]:
     """-> CANCELLED by ``actor``: as a finish, the event in the actor's name."""
     return [SetFields({"state": to, "reason": reason, "ended_at": now}), StopRanks(), Record("job.cancel", "", actor)]
@@ -252,11 +260,13 @@ TABLE: dict[tuple[JobState, JobState], Handler] = {
     (_J.BOUND, _J.FAILED): _finish,
     (_J.BOUND, _J.CANCELLED): _cancel,
     (_J.BOUND, _J.TIMEOUT): _finish,
+    (_J.BOUND, _J.COMPLETED): _finish_unseen,
     (_J.STAGING, _J.RUNNING): _run,
     (_J.STAGING, _J.PENDING): _requeue,
     (_J.STAGING, _J.FAILED): _finish,
     (_J.STAGING, _J.CANCELLED): _cancel,
     (_J.STAGING, _J.TIMEOUT): _finish,
+    (_J.STAGING, _J.COMPLETED): _finish_unseen,
     (_J.RUNNING, _J.COMPLETED): _finish,
     (_J.RUNNING, _J.FAILED): _finish,
     (_J.RUNNING, _J.CANCELLED): _cancel,

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scheduler.protocol.rankspec import TrainKnobs
+from scheduler.protocol.runspec import RunTable
 from scheduler.protocol.states import REPORTED_RANK, REPORTED_TRANSFER, RankState, TransferState
 
 NODE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -207,7 +208,11 @@ class Resume(_Out):
 class Assignment(_Out):
     """One rank this node must start, or is still getting ready (sent again, with what changed, until
     the node reports it RUNNING).  ``master_port`` is None until rank 0 has reported its port;
-    ``devices`` are this node's device indexes for the rank."""
+    ``devices`` are this node's device indexes for the rank.  ``run`` is the job's ``[run]`` table as
+    stored (None: the built-in, with ``train``); read it with ``command()``.  ``run_as`` is the Unix
+    account the rank runs as (None: the agent's own; "": the job's user has none, and the rank fails
+    saying so: agents/runas.py).  ``group_rank`` is this node's index among the job's nodes (in the
+    order of their first rank), ``group_world_size`` how many nodes the job spans."""
 
     job_id: int
     attempt: int
@@ -219,6 +224,12 @@ class Assignment(_Out):
     master_addr: str = ""
     master_port: int | None = None
     train: dict[str, Any] = Field(default_factory=dict)  # the job's [train] as stored; read with knobs()
+    run: dict[str, Any] | None = None  # the job's [run] as stored; read with command()
+    run_as: str | None = None
+    user: str = ""  # the job's gsched user
+    dataset: str = ""  # the data set the shards are of ("": a job without data)
+    group_rank: int = 0
+    group_world_size: int = 1
     num_classes: int = 10
     shards: list[ShardSource]
     resume: Resume | None = None
@@ -238,6 +249,16 @@ class Assignment(_Out):
             return TrainKnobs.model_validate(self.train)
         except ValueError as e:
             raise ValueError(f"job {self.job_id}: its [train] table does not fit this agent: {e}") from None
+
+    def command(self) -> RunTable | None:
+        """The job's ``[run]`` as ``RunTable`` (None for the built-in); raises ``ValueError`` when this
+        agent's ``RunTable`` refuses it (a newer server's key)."""
+        if self.run is None:
+            return None
+        try:
+            return RunTable.model_validate(self.run)
+        except ValueError as e:
+            raise ValueError(f"job {self.job_id}: its [run] table does not fit this agent: {e}") from None
 
 
 class TransferOrder(_Out):

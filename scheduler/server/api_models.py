@@ -43,10 +43,18 @@ class NodeDrain(_In):
     reason: str = Field("", max_length=200)
 
 
+UNIX_USER = r"^([a-z_][a-z0-9_.-]{0,30}[a-z0-9_.$-]?)?$"  # a POSIX-ish account name, or "" for none
+
+
 class UserAdd(_In):
     name: str = Field(max_length=32)
     shares: float = Field(1.0, gt=0, le=1e6)
     role: Literal["user", "admin"] = "user"
+    unix_user: str = Field("", pattern=UNIX_USER)  # the account its [run] jobs run as ("": none)
+
+
+class UnixUserIn(_In):
+    unix_user: str = Field(pattern=UNIX_USER)  # "" removes the mapping
 
 
 class SharesIn(_In):

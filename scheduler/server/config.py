@@ -9,6 +9,7 @@ Example::
     heartbeat_ttl_s = 15.0
     tls_cert = "/etc/gsched/server.pem"            # HTTPS (both or neither; see docs/security.md)
     tls_key = "/etc/gsched/server.key"
+    run_as_agent_user = false                      # true: single-team mode, jobs run as the agents' account
 
     [policy]
     arbiter = "twostage"
@@ -25,7 +26,8 @@ Example::
 
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
 GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
-GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_METRICS_TOKEN.
+GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_METRICS_TOKEN,
+GSCHED_RUN_AS_AGENT_USER (1/true/yes/on).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class Settings:
     max_connections: int = 2048  # connections open at once; a new one beyond is closed at once
     max_connections_per_client: int = 256  # the same, from one client address
     metrics_token: str = ""  # when set, GET /metrics needs "Authorization: Bearer <metrics_token>"
+    # Single-team mode: every [run] job runs as the agents' own account, whatever its user (no
+    # `gsched user ... --unix-user` mapping needed).  False: a [run] job needs its user's mapping.
+    run_as_agent_user: bool = False
 
     @property
     def scheme(self) -> str:
@@ -93,6 +98,7 @@ _ENV = {  # variable -> (key, or "policy.key")
     "GSCHED_MAX_CONNECTIONS": "max_connections",
     "GSCHED_MAX_CONNECTIONS_PER_CLIENT": "max_connections_per_client",
     "GSCHED_METRICS_TOKEN": "metrics_token",
+    "GSCHED_RUN_AS_AGENT_USER": "run_as_agent_user",
     "GSCHED_ARBITER": "policy.arbiter",
     "GSCHED_LOCALITY_WAIT_S": "policy.locality_wait_s",
 }

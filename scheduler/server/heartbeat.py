@@ -65,12 +65,15 @@ from scheduler.store.models import (
     Shard,
     ShardAssignment,
     Transfer,
+    User,
 )
 
 LIVE_RANK = RANK_LIVE
 
 
-def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0) -> dict[str, Any]:
+def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0,
+                      single_team: bool = False) -> dict[str, Any]:
+    """``single_team``: the server's ``run_as_agent_user`` (a [run] job runs as the agent's account)."""
     if not who.is_agent or who.name != hb.node:
         raise Forbidden(f"this token may not report for node {hb.node!r}")
     node = s.get(Node, hb.node)
@@ -103,7 +106,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         if job is not None:
             sync_job(s, now, job, failure_grace_s)
     s.flush()
-    return _reply(s, hb.node, kill, here)
+    return _reply(s, hb.node, kill, here, single_team)
 
 
 def _devices(s: Session, hb: Heartbeat) -> None:
@@ -263,7 +266,7 @@ def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
             s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
                              bytes=int(line.get("bytes", 0) or 0), created_at=now))
-            keep = job.parsed_spec.train.keep_checkpoints
+            keep = job.parsed_spec.knobs.keep_checkpoints
             if keep > 0:  # the agents deleted the older files; their rows go too
                 s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
         elif kind == "progress":
@@ -345,7 +348,26 @@ def _peers(s: Session, node_name: str) -> list[Peer]:
     return [Peer(name=n, address=a) for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
 
 
-def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank]) -> dict[str, Any]:
+def run_as(s: Session, job: Job, single_team: bool) -> str | None:
+    """The Unix account a rank of ``job`` runs as (``Assignment.run_as``): None for the built-in and in
+    single-team mode (the agent's own account), else the account mapped to the job's user, "" if none."""
+    if job.parsed_spec.run is None or single_team:
+        return None
+    user = s.get(User, job.user)
+    return user.unix_user if user is not None else ""
+
+
+def _groups(ranks: list[Rank], node_name: str) -> tuple[int, int]:
+    """(this node's index among the job's nodes, in the order of their lowest rank; how many nodes)."""
+    order: list[str] = []
+    for r in sorted(ranks, key=lambda x: x.rank):
+        if r.node not in order:
+            order.append(r.node)
+    return (order.index(node_name) if node_name in order else 0), max(1, len(order))
+
+
+def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank],
+           single_team: bool = False) -> dict[str, Any]:
     """The ``HeartbeatReply`` for this node, as its JSON body (``HeartbeatReply.wire``).
 
     ``kill``: the ranks ``_ranks`` found to kill (the node's KILLING ranks are added, each once).
@@ -368,7 +390,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                                                             ShardAssignment.attempt == job.attempt,
                                                             ShardAssignment.rank == r.rank)
                                .order_by(ShardAssignment.shard)))
-        dataset = s.get(Dataset, job.parsed_spec.data.dataset)
+        dataset = s.get(Dataset, job.parsed_spec.dataset) if job.parsed_spec.dataset else None
         wanted = {a.shard for a in reads}
         shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
             Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
@@ -378,6 +400,8 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                     Replica.dataset == dataset.name, Replica.state == ReplicaState.HEALTHY, Replica.shard.in_(sorted(wanted)))):
                 holders.setdefault(shard, []).append(node)
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
+        spec = job.parsed_spec
+        group_rank, group_world_size = _groups(ranks, node_name)
         book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
                   | {n for ns in holders.values() for n in ns} | set(ckpt.nodes if ckpt else ()))
         assignments.append(Assignment(
@@ -386,7 +410,10 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             devices=r.devices,
             master_addr=book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
             master_port=job.master_port,
-            train=job.parsed_spec.train.model_dump(mode="json"),  # every knob, defaults filled
+            train=spec.knobs.model_dump(mode="json"),  # every knob, defaults filled
+            run=spec.run.model_dump(mode="json") if spec.run is not None else None,
+            run_as=run_as(s, job, single_team), user=job.user, dataset=spec.dataset or "",
+            group_rank=group_rank, group_world_size=group_world_size,
             num_classes=dataset.classes if dataset else 10,
             env=arrays.env(job.array_job_id, job.array_index or 0, job.array_count or 1) if job.array_job_id else {},
             shards=[ShardSource(dataset=a.dataset, index=a.shard, sha256=shas.get(a.shard, ""), bytes=a.bytes,

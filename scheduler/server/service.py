@@ -96,8 +96,10 @@ def require_person(who: Identity) -> None:
         raise Forbidden("agent tokens cannot act as users")
 
 
-def add_user(s: Session, now: float, who: Identity | None, name: str, shares: float, role: str = "user") -> str:
-    """Create a user; returns its token (shown once).  ``who`` None means bootstrap by the server."""
+def add_user(s: Session, now: float, who: Identity | None, name: str, shares: float, role: str = "user",
+             unix_user: str = "") -> str:
+    """Create a user; returns its token (shown once).  ``who`` None means bootstrap by the server.
+    ``unix_user``: the account the user's [run] jobs run as on the nodes ("": none yet)."""
     import re
 
     if who is not None:
@@ -111,9 +113,22 @@ def add_user(s: Session, now: float, who: Identity | None, name: str, shares: fl
     if s.get(User, name) is not None:
         raise Conflict(f"user {name!r} already exists")
     token = new_token(USER_PREFIX)
-    s.add(User(name=name, token_hash=hash_token(token), shares=float(shares), role=role, created_at=now))
-    record(s, now, who.actor if who else "server", "user.add", f"{name} shares={shares} role={role}")
+    s.add(User(name=name, token_hash=hash_token(token), shares=float(shares), role=role, created_at=now,
+               unix_user=unix_user))
+    record(s, now, who.actor if who else "server", "user.add", f"{name} shares={shares} role={role}"
+           + (f" unix_user={unix_user}" if unix_user else ""))
     return token
+
+
+def set_unix_user(s: Session, now: float, who: Identity, name: str, unix_user: str) -> None:
+    """Map user ``name`` to the Unix account its [run] jobs run as ("" removes it); admins only.  Jobs
+    already submitted run as the account mapped when their ranks start."""
+    require_admin(who)
+    user = s.get(User, name)
+    if user is None:
+        raise NotFound(f"no user {name!r}")
+    user.unix_user = unix_user
+    record(s, now, who.actor, "user.unix_user", f"{name} unix_user={unix_user or '(none)'}")
 
 
 def set_shares(s: Session, now: float, who: Identity, name: str, shares: float) -> None:
@@ -140,7 +155,7 @@ def remove_user(s: Session, now: float, who: Identity, name: str) -> None:
 
 def list_users(s: Session, who: Identity) -> list[dict[str, Any]]:
     require_admin(who)
-    return [{"name": u.name, "shares": u.shares, "role": u.role}
+    return [{"name": u.name, "shares": u.shares, "role": u.role, "unix_user": u.unix_user}
             for u in s.scalars(select(User).order_by(User.name))]
 
 
@@ -189,7 +204,8 @@ SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its 
 
 
 def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
-               dependency: str | None = None, array: str | None = None) -> tuple[int, bool]:
+               dependency: str | None = None, array: str | None = None,
+               single_team: bool = False) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
     With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
@@ -197,6 +213,8 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     it is met (``upkeep.settle_dependencies``).  ``array`` (sbatch's ``--array``, ``0-9%4``) makes one job
     per index, the same but for it; the id returned is the first's, which is the array's id
     (``array_members`` lists them all).
+    A ``[run]`` job is refused unless its user has a Unix account to run as, or ``single_team`` (the
+    server's ``run_as_agent_user``) runs every job as the agents' account.
     """
     require_person(who)
     if client_request_id is not None:
@@ -207,9 +225,15 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
         spec = validate_spec(spec_doc)
     except JobSpecError as e:
         raise Unprocessable("invalid job spec: " + "; ".join(e.errors), e.errors[0].split(":")[0]) from None
-    if s.get(Dataset, spec.data.dataset) is None:
+    if spec.dataset is not None and s.get(Dataset, spec.dataset) is None:
         known = ", ".join(s.scalars(select(Dataset.name).order_by(Dataset.name))) or "none yet"
-        raise Unprocessable(f"data.dataset: no data set {spec.data.dataset!r} (known: {known})", "data.dataset")
+        raise Unprocessable(f"data.dataset: no data set {spec.dataset!r} (known: {known})", "data.dataset")
+    if spec.run is not None and not single_team:
+        user = s.get(User, who.name)
+        if user is None or not user.unix_user:
+            raise Unprocessable(f"run: user {who.name} has no Unix account to run a [run] job as: an admin maps "
+                                f"one with `gsched user set {who.name} --unix-user ACCOUNT` (or runs the server "
+                                f"in single-team mode, run_as_agent_user = true)", "run")
     per_node, total = cluster_limits(s)
     need = spec.resources.ranks * spec.resources.gpus_per_rank
     if spec.resources.gpus_per_rank > per_node:
@@ -254,7 +278,7 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
                       array_count=len(indexes), array_max_running=max_running))
         s.flush()
     record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
-           f"{spec.data.dataset}", job_id=job.id)
+           f"{spec.dataset or 'no data'}" + (" (own command)" if spec.run else ""), job_id=job.id)
     return job.id, True
 
 
@@ -364,7 +388,7 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "state": j.state,
         "ranks": res.get("ranks", 1),
         "gpus_per_rank": res.get("gpus_per_rank", 1),
-        "dataset": spec.get("data", {}).get("dataset"),
+        "dataset": (spec.get("data") or {}).get("dataset"),
         "nodes": nodes,
         "local_fraction": j.local_fraction,
         "transfer_bytes": j.transfer_bytes,
@@ -374,7 +398,7 @@ def job_summary(j: Job, nodes: list[str], epochs_done: int) -> dict[str, Any]:
         "pending_since": j.pending_since,
         "started_at": j.started_at,
         "ended_at": j.ended_at,
-        "epochs": spec.get("train", {}).get("epochs", 0),
+        "epochs": (spec.get("train") or {}).get("epochs", 0),
         "epochs_done": epochs_done,
         "restarts": j.restarts,
         "held_by": j.held_by,

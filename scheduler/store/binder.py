@@ -72,7 +72,7 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     for slot in plan.ranks:
         s.add(Rank(job_id=job.id, attempt=job.attempt, rank=slot.rank, local_rank=slot.local_rank, node=slot.node,
                    devices=list(slot.devices), state=RankState.ASSIGNED, bound_at=now))
-    dataset = stored(job.spec).data.dataset
+    dataset = stored(job.spec).dataset or ""
     for read in cand.reads:
         s.add(ShardAssignment(job_id=job.id, attempt=job.attempt, rank=read.rank, dataset=dataset, shard=read.shard,
                               node=read.node, source=read.source, bytes=read.bytes))

@@ -36,6 +36,8 @@ class User(Base):
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     shares: Mapped[float] = mapped_column(Float, default=1.0)
     role: Mapped[str] = mapped_column(String(16), default="user")  # user | admin
+    # The Unix account the user's [run] jobs run as on the nodes ("": none; agents/runas.py).
+    unix_user: Mapped[str] = mapped_column(String(32), default="", server_default="")
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -73,7 +73,7 @@ class JobShapes:
 def _shape(user: str, doc: dict[str, Any]) -> JobShape:
     spec = stored(doc)
     return JobShape(user=user, ranks=spec.resources.ranks, devices_per_rank=spec.resources.gpus_per_rank,
-                    dataset=spec.data.dataset, time_limit_s=float(spec.time_limit_s))
+                    dataset=spec.dataset, time_limit_s=float(spec.time_limit_s))
 
 
 def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:

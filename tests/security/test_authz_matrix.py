@@ -53,6 +53,7 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("POST /v1/users",                             (401, 401, 403, 403, 201, 403, 403)),
     ("DELETE /v1/users/{fresh_user}",              (401, 401, 403, 403, 200, 403, 403)),
     ("PUT /v1/users/{fresh_user}/shares",          (401, 401, 403, 403, 200, 403, 403)),
+    ("PUT /v1/users/{fresh_user}/unix-user",       (401, 401, 403, 403, 200, 403, 403)),
     ("POST /v1/agent-tokens",                      (401, 401, 403, 403, 201, 403, 403)),
     ("POST /v1/agent/heartbeat",                   (401, 401, 403, 403, 403, 200, 403)),  # a report for n1
 ]
@@ -71,6 +72,7 @@ def body_for(w: World, endpoint: str) -> Any:
         "POST /v1/datasets/{new_dataset}/scan": lambda: w.scan_body("n1"),
         "POST /v1/users": lambda: {"name": f"u{n}"},
         "PUT /v1/users/{fresh_user}/shares": lambda: {"shares": 2},
+        "PUT /v1/users/{fresh_user}/unix-user": lambda: {"unix_user": "nobody"},
         "POST /v1/agent-tokens": lambda: {"node": "n9"},
         "POST /v1/agent/heartbeat": lambda: w.heartbeat("n1"),
         "POST /v1/jobs/{fresh_job}/cancel": lambda: {},
@@ -137,6 +139,10 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/{fresh_user}/shares",       {"bogus": 1},     ADMIN),
     ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/{fresh_user}/shares",       NOT_JSON,         ADMIN),
     ("PUT /v1/users/{fresh_user}/shares",  "/v1/users/" + "x" * 65 + "/shares",   {"shares": 2},    ADMIN),
+    ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  {"bogus": 1},     ADMIN),
+    ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  NOT_JSON,         ADMIN),
+    ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  {"unix_user": "../etc"}, ADMIN),
+    ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  {"unix_user": "a b"}, ADMIN),
     ("DELETE /v1/users/{fresh_user}",      "/v1/users/" + "x" * 65,               None,             ADMIN),
     ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    {"bogus": 1},     ADMIN),
     ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    NOT_JSON,         ADMIN),

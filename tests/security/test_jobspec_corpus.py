@@ -74,6 +74,21 @@ EXPECT: dict[str, list[str]] = {
     "51_time_99_99": ["limits.time", "seconds must be below 60"],
     "52_time_sixty_minutes": ["limits.time", "minutes and seconds must be below 60"],
     "53_epochs_local_date": ["train.epochs", "date or time"],
+    # [run]: the user's own command (scheduler/protocol/runspec.py).
+    "54_run_empty_command": ["run.command", "must not be empty"],
+    "55_run_blank_string_command": ["run.command", "must not be empty"],
+    "56_run_relative_workdir": ["run.workdir", "absolute path"],
+    "57_run_reserved_env_rank": ["run.env", "RANK is set by gsched"],
+    "58_run_reserved_env_gsched": ["run.env", "GSCHED_SHARD_LIST is set by gsched"],
+    "59_run_beside_train": ["train", "[run]", "never both"],
+    "60_run_command_not_strings": ["run.command", "list of strings"],
+    "61_run_unknown_key": ["run.cmd", "unknown key"],
+    "62_run_env_value_integer": ["run.env.THREADS", "string"],
+    "63_run_grace_negative": ["run.grace_s", "greater than or equal to 0"],
+    "64_run_env_bad_name": ["run.env", "not a variable name"],
+    "65_run_not_a_table": ["run"],
+    "66_run_empty_first_item": ["run.command", "must not be empty"],
+    "67_run_workdir_integer": ["run.workdir", "string"],
 }
 
 

@@ -40,3 +40,15 @@ def test_quick_bench_prints_one_line_per_figure_and_writes_results(tmp_path: Pat
 def test_unknown_section_is_refused() -> None:
     with pytest.raises(SystemExit):
         main(["--quick", "--only", "cycle,nope"])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not (TRACES / "itp_500.csv").is_file(), reason="needs the trace slices (../shared/traces)")
+def test_quick_burst_runs_true_and_sleep_jobs_through_the_real_server_and_agents(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--quick", "--only", "burst"]) == 0
+    printed = capsys.readouterr().out
+    figures = [line for line in printed.splitlines() if line.startswith("[burst]") and "; target " in line]
+    assert len(figures) == 2, printed
+    assert "all finished" in figures[0] and "JCT/ideal" in figures[1]
+    assert "did not complete" not in printed  # every job of both parts ended COMPLETED

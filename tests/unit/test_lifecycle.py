@@ -89,8 +89,9 @@ def test_the_sets_of_states() -> None:
 def test_the_table_holds_exactly_the_moves_the_server_always_allowed() -> None:
     assert TRANSITIONS == {
         "PENDING": {"BOUND", "CANCELLED", "FAILED"},
-        "BOUND": {"STAGING", "RUNNING", "PENDING", "FAILED", "CANCELLED", "TIMEOUT"},
-        "STAGING": {"RUNNING", "PENDING", "FAILED", "CANCELLED", "TIMEOUT"},
+        # COMPLETED without RUNNING: every rank ran and exited 0 between two heartbeats (["true"])
+        "BOUND": {"STAGING", "RUNNING", "PENDING", "FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"},
+        "STAGING": {"RUNNING", "PENDING", "FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"},
         "RUNNING": {"COMPLETED", "FAILED", "CANCELLED", "PENDING", "TIMEOUT"},
         "COMPLETED": set(), "FAILED": set(), "CANCELLED": set(), "TIMEOUT": set(),
     }
@@ -147,7 +148,20 @@ def test_a_resumed_job_keeps_its_first_start_time() -> None:
     assert isinstance(effects[0], SetFields) and effects[0].fields["started_at"] == 400.0
 
 
-FINISHES = [(a, b) for (a, b) in TABLE if b in (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT)]
+UNSEEN = [(JobState.BOUND, JobState.COMPLETED), (JobState.STAGING, JobState.COMPLETED)]
+FINISHES = [(a, b) for (a, b) in TABLE if b in (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT)
+            and (a, b) not in UNSEEN]
+
+
+@pytest.mark.parametrize(("old", "new"), UNSEEN, ids=[f"{a}->{b}" for a, b in UNSEEN])
+def test_a_job_done_before_it_was_seen_running_started_and_ended_now(old: JobState, new: JobState) -> None:
+    assert plan(J(old, progress={"staging": {"0": {}}}), new, "all ranks exited 0", NOW) == [
+        SetFields({"started_at": NOW, "progress": {"staged": True}}),
+        CloseStaging(),
+        SetFields({"state": new, "reason": "all ranks exited 0", "ended_at": NOW}),
+        StopRanks(),
+        Record(f"job.{new.value.lower()}", "all ranks exited 0"),
+    ]
 
 
 @pytest.mark.parametrize(("old", "new"), FINISHES, ids=[f"{a}->{b}" for a, b in FINISHES])
@@ -225,6 +239,7 @@ def test_every_legal_move_has_a_handler_and_each_is_tested_above() -> None:
         lc._cancel: [(s, "CANCELLED") for s in ("PENDING", "BOUND", "STAGING", "RUNNING")],
         lc._requeue: [(s, "PENDING") for s in ("BOUND", "STAGING", "RUNNING")],
         lc._finish: FINISHES,
+        lc._finish_unseen: UNSEEN,
     }
     assert {move: h for h, moves in handled.items() for move in moves} == TABLE
 

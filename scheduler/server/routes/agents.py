@@ -46,7 +46,8 @@ async def heartbeat(request: Request) -> JSONResponse:
     body = validated(Heartbeat, data)
 
     def call(s: Any, now: float) -> dict[str, Any]:
-        return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s)
+        return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s,
+                                 single_team=ctx.settings.run_as_agent_user)
 
     reply = await asyncio.wrap_future(ctx.heartbeats.submit(call))
     if any(r.state in RANK_FINAL for r in body.ranks):

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 
 from scheduler.server import service as svc
-from scheduler.server.api_models import SharesIn, UserAdd
+from scheduler.server.api_models import SharesIn, UnixUserIn, UserAdd
 from scheduler.server.routes.base import ADMIN, ANY_TOKEN, Name, Routes, again, context, who
 
 routes = Routes()
@@ -24,7 +24,8 @@ def whoami(request: Request) -> dict[str, Any]:
 def add_user(body: UserAdd, request: Request) -> dict[str, Any]:
     ctx = context(request)
     with ctx.db.session() as s:
-        token = svc.add_user(s, ctx.clock.now(), again(s, request), body.name, body.shares, body.role)
+        token = svc.add_user(s, ctx.clock.now(), again(s, request), body.name, body.shares, body.role,
+                             body.unix_user)
     return {"name": body.name, "token": token}
 
 
@@ -50,3 +51,11 @@ def shares(name: Name, body: SharesIn, request: Request) -> dict[str, Any]:
     with ctx.db.session() as s:
         svc.set_shares(s, ctx.clock.now(), again(s, request), name, body.shares)
     return {"name": name, "shares": body.shares}
+
+
+@routes.route("PUT", "/v1/users/{name}/unix-user", ADMIN)
+def unix_user(name: Name, body: UnixUserIn, request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    with ctx.db.session() as s:
+        svc.set_unix_user(s, ctx.clock.now(), again(s, request), name, body.unix_user)
+    return {"name": name, "unix_user": body.unix_user}
