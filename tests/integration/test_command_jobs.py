@@ -204,3 +204,19 @@ def test_bad_run_jobs_are_refused_naming_the_field_and_nothing_is_stored(
     for w in words:
         assert w in out.stderr, out.stderr
     assert [j["id"] for j in c.admin().get("/v1/jobs?all=true")["jobs"]] == before
+
+
+def test_each_job_of_an_array_sees_its_index(two_nodes: LocalCluster, tmp_path: Path) -> None:
+    c = two_nodes
+    work = tmp_path / "arr"
+    work.mkdir()
+    (tmp_path / "arr.toml").write_text(run_toml(
+        "arr", '"echo $GSCHED_ARRAY_JOB_ID $GSCHED_ARRAY_INDEX $GSCHED_ARRAY_COUNT > index-$GSCHED_JOB_ID.txt"',
+        workdir=str(work)))
+    out = c.cli("submit", str(tmp_path / "arr.toml"), "--array", "0-2", "--wait", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first = int(out.stdout.split()[0])
+    ids = [int(line.split()[1].rstrip(":")) for line in out.stdout.splitlines()[1:]]
+    assert len(ids) == 3 and ids[0] == first
+    # each job of the array wrote the array's id, its own index and the count, from its environment
+    assert [(work / f"index-{i}.txt").read_text().split() for i in ids] == [[str(first), str(k), "3"] for k in range(3)]
