@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.core.accounts import AccountView
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 GB = 1_000_000_000
@@ -63,6 +64,8 @@ class ClusterBuilder:
     _usage: dict[str, float] = field(default_factory=dict)
     _shares: dict[str, float] = field(default_factory=dict)
     _now: float = 0.0
+    _accounts: dict[str, AccountView] = field(default_factory=dict)
+    _user_account: dict[str, str] = field(default_factory=dict)
 
     def node(self, name: str, rack: str = "r1", devices: int = 4, free: int | None = None) -> ClusterBuilder:
         self._nodes[name] = NodeView(name, rack, devices, devices if free is None else free)
@@ -107,6 +110,12 @@ class ClusterBuilder:
         self._shares.update(by_user)
         return self
 
+    def account(self, name: str, parent: str | None = None, shares: float = 1.0, users: tuple[str, ...] = ()) -> ClusterBuilder:
+        """An account under ``parent`` (None: root) with ``users`` in it."""
+        self._accounts[name] = AccountView(name, parent, shares)
+        self._user_account.update(dict.fromkeys(users, name))
+        return self
+
     def at(self, now_s: float) -> ClusterBuilder:
         self._now = now_s
         return self
@@ -125,6 +134,8 @@ class ClusterBuilder:
             running=tuple(self._running),
             usage=dict(self._usage),
             shares=dict(self._shares),
+            accounts=dict(self._accounts),
+            user_account=dict(self._user_account),
         )
 
 

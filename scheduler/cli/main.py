@@ -27,7 +27,8 @@ VERBS = {
     "logs": "a job's rank logs (--follow to stream)",
     "nodes": "list nodes with their devices and shards",
     "explain": "why a job is pending, or why it landed where it did",
-    "share": "each user's shares, decayed usage and fair-share factor",
+    "share": "the fair-share tree like sshare -l: shares, usage, effective usage, factor",
+    "account": "add, list or move fair-share accounts (admin)",
     "events": "the audit log: who did what, when",
     "plot": "draw a job's training curves or the cluster's history to PNG",
     "simulate": "replay a cluster trace through the scheduling policies",
@@ -91,12 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("name")
     ua.add_argument("--shares", type=float, default=1.0)
     ua.add_argument("--admin", action="store_true")
+    ua.add_argument("--account", default=None, help="the user's fair-share account (default: root)")
     u.add_parser("list", help="list users")
     ur = u.add_parser("remove", help="remove a user")
     ur.add_argument("name")
     us = u.add_parser("shares", help="change a user's shares")
     us.add_argument("name")
     us.add_argument("shares", type=float)
+    um = u.add_parser("account", help="move a user to another fair-share account")
+    um.add_argument("name")
+    um.add_argument("account", help="the account, or root")
+    from scheduler.cli.sharetree import add_account_parser
+
+    add_account_parser(sp["account"])
 
     t = sp["agent-token"].add_subparsers(dest="token_verb", metavar="ACTION")
     tc = t.add_parser("create", help="create a token for NODE's agent")
@@ -269,7 +277,10 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_user(args: argparse.Namespace) -> int:
     c = client(args)
     if args.user_verb == "add":
-        out = c.post("/v1/users", {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user"})
+        body = {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user"}
+        if args.account:
+            body["account"] = args.account
+        out = c.post("/v1/users", body)
         print(f"user {out['name']} created; token (shown once):", file=sys.stderr)
         print(out["token"])
     elif args.user_verb == "list":
@@ -281,8 +292,11 @@ def cmd_user(args: argparse.Namespace) -> int:
     elif args.user_verb == "shares":
         c.request("PUT", f"/v1/users/{args.name}/shares", {"shares": args.shares})
         print(f"user {args.name}: shares {args.shares:g}")
+    elif args.user_verb == "account":
+        out = c.request("PUT", f"/v1/users/{args.name}/account", {"account": args.account})
+        print(f"user {args.name}: account {out['account']}")
     else:
-        print("usage: gsched user add|list|remove|shares", file=sys.stderr)
+        print("usage: gsched user add|list|remove|shares|account", file=sys.stderr)
         return 2
     return 0
 
@@ -468,16 +482,15 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_share(args: argparse.Namespace) -> int:
-    rows = client(args).get("/v1/share")
-    if args.json:
-        _json([{k: r[k] for k in ("user", "shares", "usage", "factor")} for r in rows])
-        return 0
-    from rich.console import Console
+    from scheduler.cli.sharetree import cmd_share as share
 
-    from scheduler.cli.render import share_table
+    return share(client(args), args.json)
 
-    Console().print(share_table(rows))
-    return 0
+
+def cmd_account(args: argparse.Namespace) -> int:
+    from scheduler.cli.sharetree import cmd_account as account
+
+    return account(client(args), args)
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -535,7 +548,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 HANDLERS = {
     "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
     "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel,
-    "logs": cmd_logs, "nodes": cmd_nodes, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
+    "logs": cmd_logs, "nodes": cmd_nodes, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
+    "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
 }
 

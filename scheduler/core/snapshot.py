@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduler.core.accounts import AccountView
+
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
@@ -76,3 +78,6 @@ class Snapshot:
     running: tuple[RunningView, ...] = ()
     usage: Mapping[str, float] = field(default_factory=dict)  # decayed device-seconds per user
     shares: Mapping[str, float] = field(default_factory=dict)  # raw shares per user (not normalized)
+    # the account tree (scheduler.core.accounts): accounts by name, and each user's account (none: root)
+    accounts: Mapping[str, AccountView] = field(default_factory=dict)
+    user_account: Mapping[str, str] = field(default_factory=dict)

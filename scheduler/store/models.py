@@ -37,6 +37,17 @@ class User(Base):
     shares: Mapped[float] = mapped_column(Float, default=1.0)
     role: Mapped[str] = mapped_column(String(16), default="user")  # user | admin
     created_at: Mapped[float] = mapped_column(Float)
+    account: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: directly under root
+
+
+class Account(Base):
+    """A node of the fair-share tree (scheduler.core.accounts): its parent (None: root) and shares."""
+
+    __tablename__ = "accounts"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    parent: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    shares: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class AgentToken(Base):

@@ -14,11 +14,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.accounts import AccountView
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
-from scheduler.store.models import Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
+from scheduler.store.models import Account, Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
 
 SHAPE_CHUNK = 500  # job ids per query when shapes are read
 
@@ -76,7 +77,7 @@ def _shape(user: str, doc: dict[str, Any]) -> JobShape:
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
-    jobs with their devices per node and when they must end, and each user's usage and shares.
+    jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
     ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec)."""
     shapes = shapes if shapes is not None else JobShapes()
     busy = busy_devices(s)
@@ -126,6 +127,10 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
     shares = dict(s.execute(select(User.name, User.shares)).all())
+    accounts = {name: AccountView(name, parent, acc_shares)
+                for name, parent, acc_shares in s.execute(select(Account.name, Account.parent, Account.shares))}
+    user_account = {name: acc for name, acc in s.execute(select(User.name, User.account)) if acc is not None}
     return Snapshot(now_s=now, nodes=nodes, shards={k: tuple(v) for k, v in shards.items()},
                     replicas={k: tuple(v) for k, v in replicas.items()}, pending=tuple(pending),
-                    running=tuple(running), usage=usage, shares=shares)
+                    running=tuple(running), usage=usage, shares=shares,
+                    accounts=accounts, user_account=user_account)

@@ -327,4 +327,4 @@ def test_bash_completion_is_valid_bash_and_completes_verbs_and_options(tmp_path:
     probe = ('source "$1"; t() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _gsched; '
              'echo "${COMPREPLY[*]}"; }; t gsched qu; t gsched queue --wa; t gsched user ""')
     out = subprocess.run(["bash", "-c", probe, "bash", str(script)], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["queue", "--watch", "add list remove shares --help"]
+    assert out.stdout.splitlines() == ["queue", "--watch", "account add list remove shares --help"]
