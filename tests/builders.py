@@ -18,6 +18,7 @@ was submitted and became pending at t=0, and may run one hour.  With the default
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.core.accounts import AccountView
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
@@ -97,9 +98,11 @@ class ClusterBuilder:
         self._pending.extend(jobs)
         return self
 
-    def running(self, id: int, user: str, devices_by_node: dict[str, int], end_by_s: float) -> ClusterBuilder:
-        """A running job; it does NOT change nodes' free counts (declare ``free`` on the node)."""
-        self._running.append(RunningView(id, user, tuple(sorted(devices_by_node.items())), end_by_s))
+    def running(self, id: int, user: str, devices_by_node: dict[str, int], end_by_s: float,
+                **preemption: Any) -> ClusterBuilder:
+        """A running job; it does NOT change nodes' free counts (declare ``free`` on the node).
+        ``preemption``: ``started_s``, ``checkpoint_s``, ``preemptible``, ``preemptions_last_hour``."""
+        self._running.append(RunningView(id, user, tuple(sorted(devices_by_node.items())), end_by_s, **preemption))
         return self
 
     def usage(self, **by_user: float) -> ClusterBuilder:

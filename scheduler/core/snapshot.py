@@ -60,12 +60,21 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """A job holding devices; ``end_by_s`` is its start plus its time limit (used for reservations)."""
+    """A job holding devices; ``end_by_s`` is its start plus its time limit (used for reservations).
+
+    For preemption (``policies.preemption``): ``started_s`` is when it last started, ``checkpoint_s``
+    when its newest checkpoint was written since (None: none yet, all work since ``started_s`` would
+    be lost), ``preemptible`` its ``[limits] preemptible``, ``preemptions_last_hour`` how often it was
+    preempted in the hour before ``Snapshot.now_s``."""
 
     id: int
     user: str
     devices_by_node: tuple[tuple[str, int], ...]
     end_by_s: float
+    started_s: float = 0.0
+    checkpoint_s: float | None = None
+    preemptible: bool = True
+    preemptions_last_hour: int = 0
 
 
 @dataclass(frozen=True)
