@@ -33,6 +33,7 @@ class JobShape:
     devices_per_rank: int
     dataset: str | None
     time_limit_s: float
+    preemptible: bool = True  # [limits] preemptible
 
 
 @dataclass
@@ -71,7 +72,8 @@ class JobShapes:
 def _shape(user: str, doc: dict[str, Any]) -> JobShape:
     spec = stored(doc)
     return JobShape(user=user, ranks=spec.resources.ranks, devices_per_rank=spec.resources.gpus_per_rank,
-                    dataset=spec.data.dataset, time_limit_s=float(spec.time_limit_s))
+                    dataset=spec.data.dataset, time_limit_s=float(spec.time_limit_s),
+                    preemptible=spec.limits.preemptible)
 
 
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
@@ -123,7 +125,8 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
         start = started_at or now
         running.append(RunningView(id=job_id, user=shape_of[job_id].user,
                                    devices_by_node=tuple(sorted(by_job[job_id].items())),
-                                   end_by_s=max(now, start + shape_of[job_id].time_limit_s)))
+                                   end_by_s=max(now, start + shape_of[job_id].time_limit_s),
+                                   preemptible=shape_of[job_id].preemptible))
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
     shares = dict(s.execute(select(User.name, User.shares)).all())
