@@ -30,6 +30,11 @@ summary line per metric: in how many cells ``twostage`` is within tolerance of t
 that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also writes the table
 (averaged over seeds) and ``quality_grid.png`` (mean JCT and local reads against load).
 
+Preemption (``[policy] preempt``, off by default) is measured by passing
+``cfg=PolicyConfig(preempt=True)`` to :func:`run_grid` (or ``python -m benchmarks.quality_preempt``
+for one or a few cells, on and off side by side); the cells' ``preemptions`` and
+``preempted_device_s`` say how often and how much work it cost.
+
 Cells run in worker processes (:data:`WORKERS`, at ``nice`` 10 on top of the caller's).  ``--quick``
 keeps a corner: the first 150 jobs of the two 500-job slices at load 2.5, seed 0, both caches.
 """
@@ -100,6 +105,9 @@ class Metrics:
     clipped: int
     unfinished: int
     wall_s: float
+    preemptions: int = 0  # with [policy] preempt (run_grid(cfg=PolicyConfig(preempt=True)))
+    preempted_device_s: float = 0.0  # device-seconds of work lost to preemption
+    busy_device_s: float = 0.0  # device-seconds held over the makespan (utilisation x capacity)
 
 
 def offered_load_devices(trace: Sequence[TraceJob]) -> float:
@@ -138,7 +146,8 @@ def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
     return cell, policy, Metrics(r.mean_jct_s, r.p50_jct_s, r.p95_jct_s, r.p50_queue_s, r.p99_queue_s,
                                  r.max_queue_s, r.jain, r.local_fraction, r.bytes_moved, r.makespan_s,
                                  r.utilization, cluster.nodes, r.clipped, r.unfinished,
-                                 time.perf_counter() - t0)
+                                 time.perf_counter() - t0, r.preemptions, r.preempted_device_s,
+                                 r.utilization * r.makespan_s * cluster.nodes * cluster.devices_per_node)
 
 
 def _lower_priority() -> None:

@@ -18,7 +18,9 @@ was submitted and became pending at t=0, and may run one hour.  With the default
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from scheduler.core.accounts import AccountView
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 
 GB = 1_000_000_000
@@ -63,6 +65,8 @@ class ClusterBuilder:
     _usage: dict[str, float] = field(default_factory=dict)
     _shares: dict[str, float] = field(default_factory=dict)
     _now: float = 0.0
+    _accounts: dict[str, AccountView] = field(default_factory=dict)
+    _user_account: dict[str, str] = field(default_factory=dict)
 
     def node(self, name: str, rack: str = "r1", devices: int = 4, free: int | None = None) -> ClusterBuilder:
         self._nodes[name] = NodeView(name, rack, devices, devices if free is None else free)
@@ -94,9 +98,11 @@ class ClusterBuilder:
         self._pending.extend(jobs)
         return self
 
-    def running(self, id: int, user: str, devices_by_node: dict[str, int], end_by_s: float) -> ClusterBuilder:
-        """A running job; it does NOT change nodes' free counts (declare ``free`` on the node)."""
-        self._running.append(RunningView(id, user, tuple(sorted(devices_by_node.items())), end_by_s))
+    def running(self, id: int, user: str, devices_by_node: dict[str, int], end_by_s: float,
+                **preemption: Any) -> ClusterBuilder:
+        """A running job; it does NOT change nodes' free counts (declare ``free`` on the node).
+        ``preemption``: ``started_s``, ``checkpoint_s``, ``preemptible``, ``preemptions_last_hour``."""
+        self._running.append(RunningView(id, user, tuple(sorted(devices_by_node.items())), end_by_s, **preemption))
         return self
 
     def usage(self, **by_user: float) -> ClusterBuilder:
@@ -105,6 +111,12 @@ class ClusterBuilder:
 
     def shares(self, **by_user: float) -> ClusterBuilder:
         self._shares.update(by_user)
+        return self
+
+    def account(self, name: str, parent: str | None = None, shares: float = 1.0, users: tuple[str, ...] = ()) -> ClusterBuilder:
+        """An account under ``parent`` (None: root) with ``users`` in it."""
+        self._accounts[name] = AccountView(name, parent, shares)
+        self._user_account.update(dict.fromkeys(users, name))
         return self
 
     def at(self, now_s: float) -> ClusterBuilder:
@@ -125,6 +137,8 @@ class ClusterBuilder:
             running=tuple(self._running),
             usage=dict(self._usage),
             shares=dict(self._shares),
+            accounts=dict(self._accounts),
+            user_account=dict(self._user_account),
         )
 
 

@@ -36,7 +36,8 @@ VERBS = {
     "nodes": "list nodes with their devices, shards, state and drain reason",
     "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
     "explain": "why a job is pending, or why it landed where it did",
-    "share": "each user's shares, decayed usage and fair-share factor",
+    "share": "the fair-share tree like sshare -l: shares, usage, effective usage, factor",
+    "account": "add, list or move fair-share accounts (admin)",
     "events": "the audit log: who did what, when",
     "plot": "draw a job's training curves or the cluster's history to PNG",
     "simulate": "replay a cluster trace through the scheduling policies",
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("--admin", action="store_true", help="may act on every job and manage users")
     ua.add_argument("--unix-user", default="", metavar="ACCOUNT",
                     help="the Unix account the user's [run] jobs run as on the nodes")
+    ua.add_argument("--account", default=None, help="the user's fair-share account (default: root)")
     u.add_parser("list", help="list users")
     uset = u.add_parser("set", help="change a user's Unix account (--unix-user '' removes it) or shares")
     uset.add_argument("name", help="the user to change")
@@ -130,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     us = u.add_parser("shares", help="change a user's shares")
     us.add_argument("name", help="the user")
     us.add_argument("shares", type=float, help="the new fair-share weight")
+    um = u.add_parser("account", help="move a user to another fair-share account")
+    um.add_argument("name", help="the user to move")
+    um.add_argument("account", help="the account, or root")
+    from scheduler.cli.sharetree import add_account_parser
+
+    add_account_parser(sp["account"])
 
     t = sp["agent-token"].add_subparsers(dest="token_verb", metavar="ACTION")
     tc = t.add_parser("create", help="create a token for NODE's agent")
@@ -380,8 +388,11 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_user(args: argparse.Namespace) -> int:
     c = client(args)
     if args.user_verb == "add":
-        out = c.post("/v1/users", {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user",
-                                   "unix_user": args.unix_user})
+        body = {"name": args.name, "shares": args.shares, "role": "admin" if args.admin else "user",
+                "unix_user": args.unix_user}
+        if args.account:
+            body["account"] = args.account
+        out = c.post("/v1/users", body)
         print(f"user {out['name']} created; token (shown once):", file=sys.stderr)
         print(out["token"])
     elif args.user_verb == "list":
@@ -404,8 +415,11 @@ def cmd_user(args: argparse.Namespace) -> int:
     elif args.user_verb == "shares":
         c.request("PUT", f"/v1/users/{args.name}/shares", {"shares": args.shares})
         print(f"user {args.name}: shares {args.shares:g}")
+    elif args.user_verb == "account":
+        out = c.request("PUT", f"/v1/users/{args.name}/account", {"account": args.account})
+        print(f"user {args.name}: account {out['account']}")
     else:
-        print("usage: gsched user add|list|set|remove|shares", file=sys.stderr)
+        print("usage: gsched user add|list|set|remove|shares|account", file=sys.stderr)
         return 2
     return 0
 
@@ -549,16 +563,15 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_share(args: argparse.Namespace) -> int:
-    rows = client(args).get("/v1/share")
-    if args.json:
-        _json([{k: r[k] for k in ("user", "shares", "usage", "factor")} for r in rows])
-        return 0
-    from rich.console import Console
+    from scheduler.cli.sharetree import cmd_share as share
 
-    from scheduler.cli.render import share_table
+    return share(client(args), args.json)
 
-    Console().print(share_table(rows))
-    return 0
+
+def cmd_account(args: argparse.Namespace) -> int:
+    from scheduler.cli.sharetree import cmd_account as account
+
+    return account(client(args), args)
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -624,7 +637,8 @@ HANDLERS = {
     "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
     "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "history": cmd_history, "show": cmd_show, "cancel": cmd_cancel,
     "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
-    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "events": cmd_events,
+    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
+    "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
     "completion": cmd_completion,
 }

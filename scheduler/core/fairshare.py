@@ -1,5 +1,8 @@
 """Fair share: decayed usage against normalized shares, Slurm's classic factor, and queue priority.
 
+The cycle's factors come from :func:`snapshot_factors`: Slurm's classic fair share over the account
+tree (:mod:`scheduler.core.accounts`); with no accounts that is the flat definition below.
+
 Contract: pure functions; the only time they see is ``Snapshot.now_s`` (or an explicit argument).
 
 Normalisation (as Slurm's classic fair-share, flat: one level of users, no accounts):
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from scheduler.core.accounts import tree_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, Snapshot
 
@@ -92,6 +96,13 @@ def user_factors(
     }
 
 
+def snapshot_factors(snapshot: Snapshot, users: Iterable[str] = ()) -> dict[str, float]:
+    """The factor of every user of the snapshot (and of ``users``) over its account tree."""
+    if not snapshot.accounts and not snapshot.user_account:
+        return user_factors(snapshot.usage, snapshot.shares, users)
+    return tree_factors(snapshot.accounts, snapshot.user_account, snapshot.usage, snapshot.shares, users)
+
+
 def age_factor(job: JobView, now_s: float, age_max_s: float) -> float:
     """``min(1, age / age_max_s)`` for ``age = now_s - pending_since_s``, never negative."""
     age = max(0.0, now_s - job.pending_since_s)
@@ -109,7 +120,7 @@ def priority(
     them for every job; without it they are computed from the snapshot.
     """
     if factors is None or job.user not in factors:
-        f = factor(job.user, snapshot.usage, snapshot.shares)
+        f = snapshot_factors(snapshot, (job.user,))[job.user]
     else:
         f = factors[job.user]
     return cfg.fairshare_weight * f + cfg.age_weight * age_factor(job, snapshot.now_s, cfg.age_max_s)
@@ -124,7 +135,7 @@ def queue_order(
     snapshot: Snapshot, cfg: PolicyConfig
 ) -> tuple[list[JobView], dict[int, float], dict[int, float]]:
     """Pending jobs in fair-share order, with each job's priority and fair-share factor by job id."""
-    factors = user_factors(snapshot.usage, snapshot.shares, (j.user for j in snapshot.pending))
+    factors = snapshot_factors(snapshot, (j.user for j in snapshot.pending))
     prios = {j.id: priority(j, snapshot, cfg, factors) for j in snapshot.pending}
     ordered = sorted(snapshot.pending, key=lambda j: order_key(j, prios[j.id]))
     return ordered, prios, {j.id: factors[j.user] for j in snapshot.pending}

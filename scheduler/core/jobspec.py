@@ -63,6 +63,7 @@ class Limits(_Strict):
     time: int | str = 3600
     max_restarts: int = Field(3, ge=0, le=100)
     retry_on_failure: int = Field(0, ge=0, le=100)
+    preemptible: bool = True  # false: never a victim of preemption (policies.preemption)
 
     @field_validator("time")
     @classmethod

@@ -52,5 +52,13 @@ class PolicyConfig:
     # (by time limits) of the jobs running then.  0 turns the bound off.  4 days: the longest wait in
     # itp_5000 at load 2.5 went 194 h -> 133 h (every baseline: 196-199 h) for +6 % of mean JCT.
     max_wait_s: float = 4 * 86400.0
+    # Preemption (policies.preemption): off by default (not measured on the quality grid yet).  A job
+    # of a user under their share (factor > 0.5) pending preempt_after_s for devices held by users over
+    # theirs (factor < 0.5) may take them from jobs that ran at least min_runtime_s, are preemptible
+    # and were preempted fewer than preempt_max_per_hour times in the last hour.
+    preempt: bool = False
+    preempt_after_s: float = 300.0
+    min_runtime_s: float = 600.0
+    preempt_max_per_hour: int = 2
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0

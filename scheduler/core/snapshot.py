@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduler.core.accounts import AccountView
+
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
@@ -58,12 +60,21 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """A job holding devices; ``end_by_s`` is its start plus its time limit (used for reservations)."""
+    """A job holding devices; ``end_by_s`` is its start plus its time limit (used for reservations).
+
+    For preemption (``policies.preemption``): ``started_s`` is when it last started, ``checkpoint_s``
+    when its newest checkpoint was written since (None: none yet, all work since ``started_s`` would
+    be lost), ``preemptible`` its ``[limits] preemptible``, ``preemptions_last_hour`` how often it was
+    preempted in the hour before ``Snapshot.now_s``."""
 
     id: int
     user: str
     devices_by_node: tuple[tuple[str, int], ...]
     end_by_s: float
+    started_s: float = 0.0
+    checkpoint_s: float | None = None
+    preemptible: bool = True
+    preemptions_last_hour: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,3 +87,6 @@ class Snapshot:
     running: tuple[RunningView, ...] = ()
     usage: Mapping[str, float] = field(default_factory=dict)  # decayed device-seconds per user
     shares: Mapping[str, float] = field(default_factory=dict)  # raw shares per user (not normalized)
+    # the account tree (scheduler.core.accounts): accounts by name, and each user's account (none: root)
+    accounts: Mapping[str, AccountView] = field(default_factory=dict)
+    user_account: Mapping[str, str] = field(default_factory=dict)

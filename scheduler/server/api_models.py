@@ -51,10 +51,25 @@ class UserAdd(_In):
     shares: float = Field(1.0, gt=0, le=1e6)
     role: Literal["user", "admin"] = "user"
     unix_user: str = Field("", pattern=UNIX_USER)  # the account its [run] jobs run as ("": none)
+    account: str | None = Field(None, max_length=64)  # None: directly under root
 
 
 class UnixUserIn(_In):
     unix_user: str = Field(pattern=UNIX_USER)  # "" removes the mapping
+
+
+class AccountAdd(_In):
+    name: str = Field(max_length=64)
+    parent: str | None = Field(None, max_length=64)  # None or "root": under root
+    shares: float = Field(1.0, gt=0, le=1e6)
+
+
+class AccountIn(_In):
+    account: str | None = Field(None, max_length=64)  # None or "root": directly under root
+
+
+class ParentIn(_In):
+    parent: str | None = Field(None, max_length=64)  # None or "root": under root
 
 
 class SharesIn(_In):

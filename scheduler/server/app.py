@@ -48,7 +48,7 @@ from scheduler.server import service as svc
 from scheduler.server.api_models import ErrorOut
 from scheduler.server.auth import Identity, hash_token
 from scheduler.server.context import ServerContext
-from scheduler.server.routes import agents, cluster, datasets, jobs, users
+from scheduler.server.routes import accounts, agents, cluster, datasets, jobs, users
 from scheduler.server.routes.base import ANY_TOKEN, MISSING_TOKEN, PUBLIC, Access
 from scheduler.store.batching import WriteBatcher
 
@@ -60,7 +60,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
                        (413, "Request body too large"), (422, "Invalid field (named in `field`)"))
 }
 AUTH_CACHE_S = 5.0  # how long the gate trusts what it last read about a token
-RESOURCES = (cluster, users, agents, datasets, jobs)  # the route modules, in the order their routes are added
+RESOURCES = (cluster, users, accounts, agents, datasets, jobs)  # the route modules, in the order their routes are added
 
 
 class Identities:

@@ -54,6 +54,10 @@ class PolicyTable(_Table):
     reserve_min_wait_s: Seconds | None = None
     max_wait_s: Seconds | None = None
     cost_weight: float | None = Field(None, ge=0)
+    preempt: bool | None = None
+    preempt_after_s: Seconds | None = None
+    min_runtime_s: Seconds | None = None
+    preempt_max_per_hour: int | None = Field(None, ge=0, le=1000)
 
 
 class NetworkTable(_Table):

@@ -8,27 +8,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Unprocessable
-from scheduler.core.fairshare import decay, factor
 from scheduler.core.lifecycle import FINAL
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.accounts import share_tree_rows
 from scheduler.server.auth import Identity
 from scheduler.server.jobfilter import JobFilter
 from scheduler.server.service import node_rows, pending_why, queue_rows
-from scheduler.store.models import Event, Job, Usage, User
+from scheduler.store.models import Event, Job
 
 
 def share_rows(s: Session, now: float, policy: PolicyConfig) -> list[dict[str, Any]]:
-    """Like ``sshare``: each user's shares, decayed usage (device-seconds, as of now) and factor."""
-    users = list(s.scalars(select(User).order_by(User.name)))
-    usage_rows = {u.user: u for u in s.scalars(select(Usage))}
-    usage = {}
-    for u in users:
-        row = usage_rows.get(u.name)
-        usage[u.name] = decay(row.device_seconds, max(0.0, now - row.updated_at), policy.usage_half_life_s) if row else 0.0
-    shares = {u.name: u.shares for u in users}
-    total_shares = sum(shares.values()) or 1.0
-    return [{"user": u.name, "shares": u.shares, "norm_shares": u.shares / total_shares,
-             "usage": round(usage[u.name], 3), "factor": round(factor(u.name, usage, shares), 6)} for u in users]
+    """Like ``sshare``: each user's account, shares, decayed usage (device-seconds, as of now) and
+    factor over the account tree (``norm_shares`` is the user's part of the whole machine)."""
+    rows = [r for r in share_tree_rows(s, now, policy) if r["user"] is not None]
+    return [{"user": r["user"], "account": r["account"], "shares": r["raw_shares"], "norm_shares": r["norm_shares"],
+             "usage": r["raw_usage"], "effective_usage": r["effective_usage"], "factor": r["factor"]}
+            for r in sorted(rows, key=lambda r: r["user"])]
 
 
 def _page(rows: list[dict[str, Any]], where: JobFilter) -> tuple[list[dict[str, Any]], int | None]:

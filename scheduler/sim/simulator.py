@@ -45,6 +45,11 @@ The model (every assumption is ours; the traces carry no data or model informati
   device) is skipped: it could not change anything.
 - **Fair share**: usage is accrued as the server's ``update_usage`` accrues it (:func:`fairshare.accrue`:
   decayed with ``usage_half_life_s``, plus the devices each user holds); every user has one share.
+- **Preemption** (``[policy] preempt``, off by default): each cycle first asks
+  :func:`policies.preemption.plan_preemptions` (the arbiter layer's own plan) for victims; each stops at
+  once (the grace is taken as 0), keeps the work of its last checkpoint (one per ``epoch_s`` of running,
+  600 s by default) and loses the rest (counted in ``preempted_device_s``), and is pending again with its
+  age.  While jobs are pending a cycle runs at least every 60 s, so waits pass ``preempt_after_s``.
 - **Failures** (``--failures rate=0.5,down_s=3600,checkpoint_s=1800,rereplicate_s=600``): each node
   fails as a Poisson process of ``rate`` failures per node-day (its own seeded generator, so every
   policy sees the same failures) and returns ``down_s`` later with its disk intact.  Jobs with a rank
@@ -84,6 +89,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from policies.preemption import plan_preemptions
 from policies.registry import get_arbiter
 from scheduler.core.binding import plan_binding
 from scheduler.core.clock import FakeClock
@@ -240,6 +246,8 @@ class SimResult:
     unfinished: int = 0
     cycles: int = 0
     replication_bytes: int = 0
+    preemptions: int = 0  # with [policy] preempt
+    preempted_device_s: float = 0.0  # device-seconds of work lost to preemption
     jcts_s: list[float] = field(default_factory=list)
     schedule: dict[str, tuple[float, float]] = field(default_factory=dict)  # trace job_id -> (start, end)
 
@@ -302,6 +310,8 @@ class _Job:
     devs: dict[str, list[int]] = field(default_factory=dict)  # which ones
     queue_s: float = 0.0
     first_start_s: float | None = None
+    age_since_s: float | None = None  # when it first became pending: a preempted job keeps its age
+    preempted_at: list[float] = field(default_factory=list)
 
 
 _END, _RECOVER, _REREPLICATE, _FAIL, _ARRIVE, _CYCLE = range(6)  # same-time events in this order
@@ -312,7 +322,7 @@ class Simulation:
 
     def __init__(self, trace: Sequence[TraceJob], cfg: PolicyConfig, cluster: ClusterSpec, data: DataSpec,
                  failures: FailureSpec | None = None, seed: int = 0, cycle_s: float = 10.0,
-                 shares: Mapping[str, float] | None = None) -> None:
+                 shares: Mapping[str, float] | None = None, epoch_s: float = 600.0) -> None:
         if cycle_s <= 0:
             raise BadRequest("--cycle-s must be positive")
         self.cfg, self.data, self.cycle_s = cfg, data, cycle_s
@@ -350,6 +360,9 @@ class Simulation:
         self.cross_bytes = 0
         self.replication_bytes = 0
         self.restarts = 0
+        self.epoch_s = epoch_s  # with [policy] preempt: a checkpoint every epoch_s of running
+        self.preemptions = 0
+        self.lost_ds = 0.0  # device-seconds of work lost to preemption (since each victim's checkpoint)
         self.cycles = 0
         self.windows: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         self.done: list[_Job] = []
@@ -432,10 +445,13 @@ class Simulation:
             a = b
         self.t_acct = t
 
-    def _make_pending(self, job: _Job, t: float) -> None:
+    def _make_pending(self, job: _Job, t: float, keep_age: bool = False) -> None:
         job.pending_since_s = t
+        if job.age_since_s is None:
+            job.age_since_s = t
         job.view = JobView(id=job.id, user=job.user, ranks=job.devices, devices_per_rank=1, dataset=job.dataset,
-                           submit_s=job.submit_s, pending_since_s=t, time_limit_s=job.remaining_s)
+                           submit_s=job.submit_s, pending_since_s=job.age_since_s if keep_age else t,
+                           time_limit_s=job.remaining_s)
         self.pending[job.id] = job
         self.pend_dev[job.user] += job.devices
 
@@ -457,20 +473,54 @@ class Simulation:
         nodes = {n: NodeView(n, self.racks[n], self.devices[n], self.devices[n] - len(self.busy[n]))
                  for n in self.node_names if n in self.up}
         pending = tuple(v for v in (self.pending[i].view for i in sorted(self.pending)) if v is not None)
-        running = tuple(RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s))
-                        for j in (self.running[i] for i in sorted(self.running)))
+        if self.cfg.preempt:
+            running = tuple(self._preemption_view(j, now) for j in (self.running[i] for i in sorted(self.running)))
+        else:
+            running = tuple(RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s))
+                            for j in (self.running[i] for i in sorted(self.running)))
         return Snapshot(now_s=now, nodes=nodes, shards=self.shards, replicas=self.replica_view(),
                         pending=pending, running=running, usage=dict(self.usage), shares=self.shares)
+
+    def _preemption_view(self, j: _Job, now: float) -> RunningView:
+        """A running job with what preemption reads: its last start (its run, after staging), its last
+        checkpoint (one per ``epoch_s`` of running), and how often it was preempted in the last hour."""
+        ran = max(0.0, now - j.run_start_s)
+        kept = math.floor(ran / self.epoch_s) * self.epoch_s if self.epoch_s > 0 else 0.0
+        return RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s), started_s=j.bound_s,
+                           checkpoint_s=j.run_start_s + kept if kept > 0 else None,
+                           preemptions_last_hour=sum(1 for p in j.preempted_at if now - p < 3600.0))
+
+    def _preempt(self, job: _Job, now: float) -> None:
+        """The victim stops (grace taken as 0), keeps the work of its last checkpoint, loses the rest,
+        and is pending again with its age."""
+        ran = max(0.0, now - job.run_start_s)
+        kept = math.floor(ran / self.epoch_s) * self.epoch_s if self.epoch_s > 0 else 0.0
+        kept = min(kept, job.remaining_s)
+        self.lost_ds += (min(ran, job.remaining_s) - kept) * job.devices
+        job.remaining_s = max(0.0, job.remaining_s - kept)
+        self._release(job)
+        job.preempted_at.append(now)
+        self.preemptions += 1
+        self._make_pending(job, now, keep_age=True)
 
     def _cycle(self, now: float) -> None:
         self.next_cycle = None
         if not self.pending:
             return
         free = sum(self.devices[n] - len(self.busy[n]) for n in self.up)
-        if min(j.devices for j in self.pending.values()) > free:
+        if min(j.devices for j in self.pending.values()) > free and not self.cfg.preempt:
             return  # nothing could be bound: the cycle would change nothing
         self.cycles += 1
         snap = self.snapshot(now)
+        if self.cfg.preempt:
+            plans = plan_preemptions(snap, self.cfg)
+            for p in plans:
+                for victim in p.victims:
+                    self._preempt(self.running[victim], now)
+            if plans:
+                snap = self.snapshot(now)
+            # waits pass preempt_after_s and runs pass min_runtime_s without an event: look again
+            self._request_cycle(now + max(self.cycle_s, 60.0))
         _, decision = decide(snap, self.cfg, get_arbiter(self.cfg.arbiter))
         self.staged_this_cycle = set()
         for job_id in sorted(decision.bindings):
@@ -686,6 +736,8 @@ class Simulation:
             unfinished=len(self.jobs) - len(done),
             cycles=self.cycles,
             replication_bytes=self.replication_bytes,
+            preemptions=self.preemptions,
+            preempted_device_s=round(self.lost_ds, 3),
             jcts_s=jcts,
             schedule={j.key: (round(j.bound_s, 3), round(j.end_s, 3)) for j in done},
         )
@@ -693,10 +745,11 @@ class Simulation:
 
 def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None = None,
              data: DataSpec | None = None, failures: FailureSpec | None = None, seed: int = 0,
-             cycle_s: float = 10.0, cfg: PolicyConfig | None = None) -> SimResult:
+             cycle_s: float = 10.0, cfg: PolicyConfig | None = None, epoch_s: float = 600.0) -> SimResult:
     """Replay ``trace`` with the arbiter ``policy`` (a registry name) and return its metrics.
 
-    ``cfg`` gives the other policy knobs (its ``arbiter`` is replaced by ``policy``).  Pure apart from
+    ``cfg`` gives the other policy knobs (its ``arbiter`` is replaced by ``policy``); with ``cfg.preempt``
+    jobs checkpoint every ``epoch_s`` seconds of running and a preempted one loses the work since.  Pure apart from
     CPU time: the same arguments give the same result.
     """
     try:
@@ -705,7 +758,7 @@ def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None
         raise BadRequest(f"--policy: {e}") from None
     base = cfg or PolicyConfig()
     sim = Simulation(trace, replace(base, arbiter=policy), cluster or ClusterSpec(), data or DataSpec(),
-                     failures, seed, cycle_s)
+                     failures, seed, cycle_s, epoch_s=epoch_s)
     return sim.run(policy)
 
 

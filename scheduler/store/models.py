@@ -39,6 +39,17 @@ class User(Base):
     # The Unix account the user's [run] jobs run as on the nodes ("": none; agents/runas.py).
     unix_user: Mapped[str] = mapped_column(String(32), default="", server_default="")
     created_at: Mapped[float] = mapped_column(Float)
+    account: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: directly under root
+
+
+class Account(Base):
+    """A node of the fair-share tree (scheduler.core.accounts): its parent (None: root) and shares."""
+
+    __tablename__ = "accounts"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    parent: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    shares: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class AgentToken(Base):

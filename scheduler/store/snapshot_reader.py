@@ -15,11 +15,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.accounts import AccountView
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
-from scheduler.store.models import Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
+from scheduler.store.models import Account, Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
 
 SHAPE_CHUNK = 500  # job ids per query when shapes are read
 
@@ -33,6 +34,7 @@ class JobShape:
     devices_per_rank: int
     dataset: str | None
     time_limit_s: float
+    preemptible: bool = True  # [limits] preemptible
 
 
 @dataclass
@@ -73,7 +75,8 @@ class JobShapes:
 def _shape(user: str, doc: dict[str, Any]) -> JobShape:
     spec = stored(doc)
     return JobShape(user=user, ranks=spec.resources.ranks, devices_per_rank=spec.resources.gpus_per_rank,
-                    dataset=spec.dataset, time_limit_s=float(spec.time_limit_s))
+                    dataset=spec.dataset, time_limit_s=float(spec.time_limit_s),
+                    preemptible=spec.limits.preemptible)
 
 
 def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
@@ -100,7 +103,7 @@ def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
-    jobs with their devices per node and when they must end, and each user's usage and shares.
+    jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
     ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec)."""
     shapes = shapes if shapes is not None else JobShapes()
     busy = busy_devices(s)
@@ -152,10 +155,15 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
         start = started_at or now
         running.append(RunningView(id=job_id, user=shape_of[job_id].user,
                                    devices_by_node=tuple(sorted(by_job[job_id].items())),
-                                   end_by_s=max(now, start + shape_of[job_id].time_limit_s)))
+                                   end_by_s=max(now, start + shape_of[job_id].time_limit_s),
+                                   preemptible=shape_of[job_id].preemptible))
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
     shares = dict(s.execute(select(User.name, User.shares)).all())
+    accounts = {name: AccountView(name, parent, acc_shares)
+                for name, parent, acc_shares in s.execute(select(Account.name, Account.parent, Account.shares))}
+    user_account = {name: acc for name, acc in s.execute(select(User.name, User.account)) if acc is not None}
     return Snapshot(now_s=now, nodes=nodes, shards={k: tuple(v) for k, v in shards.items()},
                     replicas={k: tuple(v) for k, v in replicas.items()}, pending=tuple(pending),
-                    running=tuple(running), usage=usage, shares=shares)
+                    running=tuple(running), usage=usage, shares=shares,
+                    accounts=accounts, user_account=user_account)

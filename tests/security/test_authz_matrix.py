@@ -54,6 +54,11 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("DELETE /v1/users/{fresh_user}",              (401, 401, 403, 403, 200, 403, 403)),
     ("PUT /v1/users/{fresh_user}/shares",          (401, 401, 403, 403, 200, 403, 403)),
     ("PUT /v1/users/{fresh_user}/unix-user",       (401, 401, 403, 403, 200, 403, 403)),
+    ("PUT /v1/users/{fresh_user}/account",         (401, 401, 403, 403, 200, 403, 403)),
+    ("GET /v1/accounts",                           READ),
+    ("POST /v1/accounts",                          (401, 401, 403, 403, 201, 403, 403)),
+    ("PUT /v1/accounts/{fresh_account}/parent",    (401, 401, 403, 403, 200, 403, 403)),
+    ("GET /v1/share/tree",                         READ),
     ("POST /v1/agent-tokens",                      (401, 401, 403, 403, 201, 403, 403)),
     ("POST /v1/agent/heartbeat",                   (401, 401, 403, 403, 403, 200, 403)),  # a report for n1
 ]
@@ -73,6 +78,9 @@ def body_for(w: World, endpoint: str) -> Any:
         "POST /v1/users": lambda: {"name": f"u{n}"},
         "PUT /v1/users/{fresh_user}/shares": lambda: {"shares": 2},
         "PUT /v1/users/{fresh_user}/unix-user": lambda: {"unix_user": "nobody"},
+        "PUT /v1/users/{fresh_user}/account": lambda: {"account": "root"},
+        "POST /v1/accounts": lambda: {"name": f"acct{n}", "shares": 2},
+        "PUT /v1/accounts/{fresh_account}/parent": lambda: {"parent": "root"},
         "POST /v1/agent-tokens": lambda: {"node": "n9"},
         "POST /v1/agent/heartbeat": lambda: w.heartbeat("n1"),
         "POST /v1/jobs/{fresh_job}/cancel": lambda: {},
@@ -92,6 +100,10 @@ def path_for(w: World, path: str) -> str:
         path = path.replace("{fresh_job}", str(w.new_job("victim")))
     if "{fresh_user}" in path:
         path = path.replace("{fresh_user}", w.new_user())
+    if "{fresh_account}" in path:
+        name = f"fresh{next(_counter)}"
+        w.ok("POST", "/v1/accounts", "admin", {"name": name})
+        path = path.replace("{fresh_account}", name)
     if "{new_dataset}" in path:
         path = path.replace("{new_dataset}", f"new{next(_counter)}")
     return path.replace("{job}", str(w.job)).replace("{dataset}", w.dataset).replace("{node}", "n1")
@@ -144,6 +156,17 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  {"unix_user": "../etc"}, ADMIN),
     ("PUT /v1/users/{fresh_user}/unix-user", "/v1/users/{fresh_user}/unix-user",  {"unix_user": "a b"}, ADMIN),
     ("DELETE /v1/users/{fresh_user}",      "/v1/users/" + "x" * 65,               None,             ADMIN),
+    ("PUT /v1/users/{fresh_user}/account", "/v1/users/{fresh_user}/account",      {"bogus": 1},     ADMIN),
+    ("PUT /v1/users/{fresh_user}/account", "/v1/users/{fresh_user}/account",      NOT_JSON,         ADMIN),
+    ("PUT /v1/users/{fresh_user}/account", "/v1/users/{fresh_user}/account",      {"account": "nope"}, ADMIN),
+    ("PUT /v1/users/{fresh_user}/account", "/v1/users/" + "x" * 65 + "/account",  {"account": "root"}, ADMIN),
+    ("POST /v1/accounts",                  "/v1/accounts",                        {"bogus": 1},     ADMIN),
+    ("POST /v1/accounts",                  "/v1/accounts",                        NOT_JSON,         ADMIN),
+    ("POST /v1/accounts",                  "/v1/accounts",                        {"name": "Bad Name"}, ADMIN),
+    ("POST /v1/accounts",                  "/v1/accounts",                        {"name": "ok", "parent": "nope"}, ADMIN),
+    ("PUT /v1/accounts/{fresh_account}/parent", "/v1/accounts/{fresh_account}/parent", {"bogus": 1}, ADMIN),
+    ("PUT /v1/accounts/{fresh_account}/parent", "/v1/accounts/{fresh_account}/parent", NOT_JSON,    ADMIN),
+    ("PUT /v1/accounts/{fresh_account}/parent", "/v1/accounts/" + "x" * 65 + "/parent", {"parent": "root"}, ADMIN),
     ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    {"bogus": 1},     ADMIN),
     ("POST /v1/agent-tokens",              "/v1/agent-tokens",                    NOT_JSON,         ADMIN),
     # A heartbeat names its node in its body: another node's agent is refused once the body is JSON.

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
+from scheduler.server import accounts as acc
 from scheduler.server import service as svc
 from scheduler.server.api_models import SharesIn, UnixUserIn, UserAdd
 from scheduler.server.routes.base import ADMIN, ANY_TOKEN, Name, Routes, again, context, who
@@ -24,8 +25,10 @@ def whoami(request: Request) -> dict[str, Any]:
 def add_user(body: UserAdd, request: Request) -> dict[str, Any]:
     ctx = context(request)
     with ctx.db.session() as s:
-        token = svc.add_user(s, ctx.clock.now(), again(s, request), body.name, body.shares, body.role,
-                             body.unix_user)
+        me = again(s, request)
+        token = svc.add_user(s, ctx.clock.now(), me, body.name, body.shares, body.role, body.unix_user)
+        if body.account is not None:
+            acc.set_user_account(s, ctx.clock.now(), me, body.name, body.account)
     return {"name": body.name, "token": token}
 
 

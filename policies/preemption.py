@@ -1,0 +1,146 @@
+"""Preemption: which running jobs give their devices to a job that has waited too long for them.
+
+Contract: :func:`plan_preemptions` is a pure function of (snapshot, config): no I/O, no clock.  It
+returns, in queue order, one :class:`Preemption` per pending job that may preempt this cycle; the
+server (or the simulator) acts on it: each victim gets SIGTERM and its grace, goes back to PENDING
+with the reason :func:`victim_reason`, keeping its age, and resumes from its checkpoint.  Off unless
+``[policy] preempt`` is true.
+
+Who may preempt whom, with ``F`` each user's fair-share factor over the account tree
+(:func:`scheduler.core.fairshare.snapshot_factors`):
+
+- the preemptor: pending at least ``preempt_after_s`` (from ``pending_since_s``), its user under
+  their share (``F > 0.5``, i.e. effective usage below normalised shares), and it does not fit in the
+  free devices now;
+- a victim: running at least ``min_runtime_s`` since it last started, ``preemptible``, preempted
+  fewer than ``preempt_max_per_hour`` times in the last hour, its user over their share (``F < 0.5``).
+
+Victims are taken in the order: least work lost since their last checkpoint first (in steps of
+:data:`LOST_TIE_S`), then among equals those whose nodes hold most of the preemptor's data, then job
+id; only until the preemptor fits, and none that turns out unneeded.  A job that would not fit even
+with every eligible victim preempts nobody.
+
+No ping-pong: within a cycle preemptors' users are under share and victims' users over it, so no
+two jobs (nor any loop of jobs) preempt each other; across cycles a victim has run ``min_runtime_s``
+since it last started and is preempted at most ``preempt_max_per_hour`` times an hour
+(tests/unit/test_preemption.py checks both over random clusters and queues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.core.fairshare import queue_order, snapshot_factors
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, RunningView, Snapshot
+
+LOST_TIE_S = 60.0  # victims whose lost work differs by less than a step of this are equals
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """``job`` preempts ``victims`` (in the order chosen), losing ``lost_work_s`` device-seconds of
+    work in all (each victim's devices times the seconds since its last checkpoint)."""
+
+    job: int
+    victims: tuple[int, ...]
+    lost_work_s: float
+    why: str
+
+
+def victim_reason(preemptor: int) -> str:
+    """The reason a victim is back in the queue with."""
+    return f"preempted for job {preemptor}"
+
+
+def fits(job: JobView, free: Mapping[str, int]) -> bool:
+    """Whether ``job``'s ranks fit in ``free`` devices per node (each rank on one node)."""
+    dpr = max(1, job.devices_per_rank)
+    return sum(f // dpr for f in free.values() if f > 0) >= job.ranks
+
+
+def _take(job: JobView, free: dict[str, int]) -> None:
+    """Take ``job``'s ranks out of ``free``, most free nodes first (what it will hold once started)."""
+    dpr = max(1, job.devices_per_rank)
+    left = job.ranks
+    for node in sorted(free, key=lambda n: (-free[n], n)):
+        while left and free[node] >= dpr:
+            free[node] -= dpr
+            left -= 1
+
+
+def lost_work_s(r: RunningView, now_s: float) -> float:
+    """Seconds of work ``r`` would lose: since its last checkpoint, or since it started."""
+    since = r.checkpoint_s if r.checkpoint_s is not None else r.started_s
+    return max(0.0, now_s - since)
+
+
+def _devices(r: RunningView) -> int:
+    return sum(d for _, d in r.devices_by_node)
+
+
+def _data_nodes(job: JobView, snap: Snapshot) -> set[str]:
+    if job.dataset is None:
+        return set()
+    return {n for (ds, _), nodes in snap.replicas.items() if ds == job.dataset for n in nodes}
+
+
+def eligible_victims(snap: Snapshot, cfg: PolicyConfig, factors: Mapping[str, float]) -> list[RunningView]:
+    """Running jobs that may be preempted at all this cycle (see the module doc), by job id."""
+    return [r for r in snap.running
+            if r.preemptible and factors.get(r.user, 1.0) < 0.5
+            and snap.now_s - r.started_s >= cfg.min_runtime_s
+            and r.preemptions_last_hour < cfg.preempt_max_per_hour]
+
+
+def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
+    """The preemptions of this cycle (see the module doc); empty when ``cfg.preempt`` is off."""
+    if not cfg.preempt:
+        return []
+    users = [j.user for j in snap.pending] + [r.user for r in snap.running]
+    factors = snapshot_factors(snap, users)
+    ordered, _, _ = queue_order(snap, cfg)
+    free = {n: v.free for n, v in snap.nodes.items()}
+    pool = eligible_victims(snap, cfg, factors)
+    out: list[Preemption] = []
+    for job in ordered:
+        if factors.get(job.user, 1.0) <= 0.5 or snap.now_s - job.pending_since_s < cfg.preempt_after_s:
+            continue
+        if fits(job, free):
+            _take(job, free)  # it starts without anyone's devices: they are not free for the next
+            continue
+        holders = _data_nodes(job, snap)
+        candidates = sorted(
+            (r for r in pool if r.user != job.user),
+            key=lambda r: (int(lost_work_s(r, snap.now_s) // LOST_TIE_S),
+                           -sum(d for n, d in r.devices_by_node if n in holders), r.id))
+        chosen: list[RunningView] = []
+        trial = dict(free)
+        for r in candidates:
+            if fits(job, trial):
+                break
+            chosen.append(r)
+            for n, d in r.devices_by_node:
+                if n in trial:
+                    trial[n] += d
+        if not fits(job, trial):
+            continue
+        for r in reversed(list(chosen)):  # drop any victim the later ones made unneeded
+            without = dict(trial)
+            for n, d in r.devices_by_node:
+                if n in without:
+                    without[n] -= d
+            if fits(job, without):
+                chosen.remove(r)
+                trial = without
+        _take(job, trial)
+        free = trial
+        taken = {r.id for r in chosen}
+        pool = [r for r in pool if r.id not in taken]
+        lost = sum(lost_work_s(r, snap.now_s) * _devices(r) for r in chosen)
+        who = ", ".join(f"job {r.id} ({r.user}, loses {lost_work_s(r, snap.now_s):.0f} s)" for r in chosen)
+        out.append(Preemption(job.id, tuple(r.id for r in chosen), lost,
+                              f"{job.user} is under their share (factor {factors.get(job.user, 1.0):.2f}) and "
+                              f"waited {snap.now_s - job.pending_since_s:.0f} s: would preempt {who}"))
+    return out

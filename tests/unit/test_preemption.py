@@ -1,0 +1,218 @@
+"""Preemption as a pure function of the snapshot (policies/preemption.py).
+
+Unless a test says otherwise: two nodes of 4 devices, both full; alice (usage 1000, 1 share) holds
+them, bob (usage 0, 1 share) waits.  Factors: alice U = 1, S = 0.5 -> F = 2^(-2) = 0.25 (over her
+share); bob U = 0 -> F = 1 (under his).  Now = 10,000 s; bob's job has waited 400 s (> 300).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import replace
+from itertools import pairwise
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.preemption import LOST_TIE_S, fits, plan_preemptions, victim_reason
+from scheduler.core.fairshare import snapshot_factors
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
+from tests.builders import ClusterBuilder, cluster, job
+
+NOW = 10_000.0
+ON = PolicyConfig(preempt=True)  # preempt_after_s 300, min_runtime_s 600, 2 an hour
+
+
+def full() -> ClusterBuilder:
+    return cluster().node("n1", free=0).node("n2", free=0).usage(alice=1000, bob=0).at(NOW)
+
+
+def bobs_job(devices: int = 4, ranks: int = 1, waited_s: float = 400, dataset: str | None = None) -> JobView:
+    return job(10, user="bob", ranks=ranks, devices_per_rank=devices, pending_since_s=NOW - waited_s,
+               submit_s=NOW - waited_s, dataset=dataset)
+
+
+def test_off_by_default() -> None:
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .pending(bobs_job()).build())
+    assert plan_preemptions(snap, PolicyConfig()) == []
+
+
+def test_the_victim_is_the_one_that_loses_least_work_since_its_checkpoint() -> None:
+    # job 1 checkpointed 100 s ago, job 2 1000 s ago: job 1 loses 100 s x 4 devices = 400 device-s
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 1000)
+            .pending(bobs_job()).build())
+    [p] = plan_preemptions(snap, ON)
+    assert (p.job, p.victims, p.lost_work_s) == (10, (1,), 400.0)
+    assert "job 1 (alice, loses 100 s)" in p.why and "under their share" in p.why
+    assert victim_reason(10) == "preempted for job 10"
+
+
+def test_not_before_preempt_after_s() -> None:
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .pending(bobs_job(waited_s=299)).build())
+    assert plan_preemptions(snap, ON) == []
+
+
+def test_never_a_job_younger_than_min_runtime_nor_one_not_preemptible_nor_one_preempted_too_often() -> None:
+    # job 1 started 500 s ago (< 600), job 2 is not preemptible, job 3 was preempted twice this hour:
+    # only job 4 (lost 5000 s) may go
+    b = (cluster().nodes("n1", "n2", "n3", "n4", free=0).usage(alice=1000).at(NOW)
+         .running(1, "alice", {"n1": 4}, 1e9, started_s=NOW - 500)
+         .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 10, preemptible=False)
+         .running(3, "alice", {"n3": 4}, 1e9, started_s=0, checkpoint_s=NOW - 10, preemptions_last_hour=2)
+         .running(4, "alice", {"n4": 4}, 1e9, started_s=0, checkpoint_s=NOW - 5000))
+    [p] = plan_preemptions(b.pending(bobs_job()).build(), ON)
+    assert p.victims == (4,)
+    # and without job 4, nobody: bob waits
+    b._running = [r for r in b._running if r.id != 4]
+    assert plan_preemptions(b.pending().build(), ON) == []
+
+
+def test_among_equals_the_victim_on_the_preemptors_data() -> None:
+    # both lost 100 s and 130 s: the same step of 60 s? 100 // 60 = 1, 110 // 60 = 1: equals; n2 holds
+    # bob's data set, so job 2 (on n2) goes although it loses 10 s more
+    assert LOST_TIE_S == 60
+    snap = (cluster().node("n1", free=0).node("n2", free=0).holds("imgs", [0, 1]).usage(alice=1000).at(NOW)
+            .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 110)
+            .pending(bobs_job(dataset="imgs")).build())
+    assert plan_preemptions(snap, ON)[0].victims == (2,)
+
+
+def test_nobody_is_preempted_for_a_job_that_would_not_fit_anyway() -> None:
+    # bob needs 2 ranks x 4; only job 1 may go (job 2 is too young): 4 devices are not enough
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=NOW - 60)
+            .pending(bobs_job(ranks=2)).build())
+    assert plan_preemptions(snap, ON) == []
+
+
+def test_a_victim_that_later_ones_made_unneeded_is_spared() -> None:
+    # bob needs 4 devices on one node.  job 1 (2 devices on n1, loses 10 s) comes first but n1 still
+    # has job 3's 2 (not preemptible); job 2 (4 on n2, 70 s) then makes it fit: job 1 is not needed.
+    snap = (full().running(1, "alice", {"n1": 2}, 1e9, started_s=0, checkpoint_s=NOW - 10)
+            .running(3, "alice", {"n1": 2}, 1e9, started_s=0, preemptible=False)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 70)
+            .pending(bobs_job()).build())
+    assert plan_preemptions(snap, ON)[0].victims == (2,)
+
+
+def test_users_under_their_share_are_never_victims_and_over_it_never_preempt() -> None:
+    # carol (usage 0) runs; alice (F 0.25) waits: alice preempts nobody, carol is nobody's victim
+    snap = (full().running(1, "carol", {"n1": 4}, 1e9, started_s=0)
+            .running(2, "carol", {"n2": 4}, 1e9, started_s=0)
+            .pending(job(10, user="alice", devices_per_rank=4, pending_since_s=0)).build())
+    assert plan_preemptions(snap, ON) == []
+
+
+def test_two_waiting_jobs_do_not_count_the_same_devices() -> None:
+    # bob's jobs 10 and 11 each need 4: two victims, one each, not the same one twice
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+            .pending(bobs_job(), replace(bobs_job(), id=11)).build())
+    plans = plan_preemptions(snap, ON)
+    assert [(p.job, p.victims) for p in plans] == [(10, (1,)), (11, (2,))]
+
+
+# ---------------------------------------------------------------- no ping-pong, over random clusters
+
+
+def _cycle_snapshot(now: float, nodes: dict[str, int], running: dict[int, dict], pending: dict[int, dict],
+                    usage: dict[str, float], shares: dict[str, float], preempted_at: dict[int, list[float]]) -> Snapshot:
+    held: dict[str, int] = defaultdict(int)
+    for r in running.values():
+        for n, d in r["placed"].items():
+            held[n] += d
+    views = []
+    for jid, r in sorted(running.items()):
+        ck = r["start"] + ((now - r["start"]) // r["epoch_s"]) * r["epoch_s"]
+        views.append(RunningView(jid, r["user"], tuple(sorted(r["placed"].items())), 1e12, started_s=r["start"],
+                                 checkpoint_s=ck if ck > r["start"] else None, preemptible=r["preemptible"],
+                                 preemptions_last_hour=sum(1 for t in preempted_at[jid] if now - t < 3600)))
+    return Snapshot(
+        now_s=now, nodes={n: NodeView(n, "r1", d, d - held[n]) for n, d in nodes.items()}, shards={}, replicas={},
+        pending=tuple(JobView(jid, p["user"], p["ranks"], p["dpr"], None, p["submit"], p["since"], 1e12)
+                      for jid, p in sorted(pending.items())),
+        running=tuple(views), usage=dict(usage), shares=dict(shares))
+
+
+def _place(p: dict, free: dict[str, int]) -> dict[str, int] | None:
+    placed: dict[str, int] = defaultdict(int)
+    left = p["ranks"]
+    for n in sorted(free, key=lambda n: (-free[n], n)):
+        while left and free[n] - placed[n] >= p["dpr"]:
+            placed[n] += p["dpr"]
+            left -= 1
+    return dict(placed) if left == 0 else None
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(min_value=0, max_value=10**9))
+def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
+    """Each cycle: preemptors' users under share, victims' over it, no job both; across cycles a victim
+    ran min_runtime_s since its start and nobody is preempted more than 2 times in any hour."""
+    rng = random.Random(seed)
+    cfg = PolicyConfig(preempt=True, preempt_after_s=300, min_runtime_s=600, preempt_max_per_hour=2,
+                       usage_half_life_s=rng.choice([3600.0, 86400.0]))
+    nodes = {f"n{i}": rng.choice([2, 4, 8]) for i in range(rng.randint(1, 4))}
+    users = ["u0", "u1", "u2"]
+    shares = {u: rng.choice([1.0, 2.0, 4.0]) for u in users}
+    usage = {u: rng.choice([0.0, rng.uniform(0, 50_000)]) for u in users}
+    pending: dict[int, dict] = {}
+    for jid in range(1, rng.randint(4, 16)):
+        dpr = rng.choice([d for d in (1, 2, 4) if d <= max(nodes.values())])
+        t = rng.uniform(0, 3000)
+        pending[jid] = {"user": rng.choice(users), "ranks": rng.randint(1, 2), "dpr": dpr, "submit": t, "since": t,
+                        "work_s": rng.uniform(600, 8000), "preemptible": rng.random() < 0.8,
+                        "epoch_s": rng.choice([120.0, 300.0, 900.0])}
+    running: dict[int, dict] = {}
+    preempted_at: dict[int, list[float]] = defaultdict(list)
+    dt = 60.0
+    for step in range(200):
+        now = step * dt
+        snap = _cycle_snapshot(now, nodes, running, {j: p for j, p in pending.items() if p["submit"] <= now},
+                               usage, shares, preempted_at)
+        factors = snapshot_factors(snap, users)
+        plans = plan_preemptions(snap, cfg)
+        preemptors = {p.job for p in plans}
+        victims = [v for p in plans for v in p.victims]
+        assert len(victims) == len(set(victims))  # nobody preempted twice in one cycle
+        assert not preemptors & set(victims)
+        for p in plans:
+            assert factors[pending[p.job]["user"]] > 0.5
+            for v in p.victims:
+                r = running[v]
+                assert factors[r["user"]] < 0.5 and r["preemptible"]
+                assert now - r["start"] >= cfg.min_runtime_s
+        for v in victims:  # back to pending, keeping its age; work since its checkpoint is lost
+            r = running.pop(v)
+            done = ((now - r["start"]) // r["epoch_s"]) * r["epoch_s"]
+            r["work_s"] -= done
+            pending[v] = {**r, "since": r["since"]}
+            preempted_at[v].append(now)
+        free = {n: d - sum(r["placed"].get(n, 0) for r in running.values()) for n, d in nodes.items()}
+        for jid in sorted((j for j, p in pending.items() if p["submit"] <= now),
+                          key=lambda j: (-factors.get(pending[j]["user"], 1.0), pending[j]["submit"], j)):
+            placed = _place(pending[jid], free)
+            if placed is not None:
+                for n, d in placed.items():
+                    free[n] -= d
+                running[jid] = {**pending.pop(jid), "placed": placed, "start": now}
+        for u in users:
+            held = sum(sum(r["placed"].values()) for r in running.values() if r["user"] == u)
+            usage[u] = usage[u] * 2 ** (-dt / cfg.usage_half_life_s) + held * dt
+        for jid in [j for j, r in running.items() if now + dt - r["start"] >= r["work_s"]]:
+            del running[jid]
+    for times in preempted_at.values():
+        for t in times:
+            assert sum(1 for u in times if t <= u < t + 3600) <= cfg.preempt_max_per_hour
+        assert all(b - a >= cfg.min_runtime_s for a, b in pairwise(times))
+
+
+def test_fits_counts_whole_ranks_per_node() -> None:
+    j = job(1, ranks=2, devices_per_rank=3)
+    assert fits(j, {"a": 3, "b": 3}) and fits(j, {"a": 6}) and not fits(j, {"a": 5}) and not fits(j, {"a": 2, "b": 4})
