@@ -179,6 +179,25 @@ def test_a_missing_program_fails_the_job_naming_it(two_nodes: LocalCluster, tmp_
     assert doc["ranks"][0]["exit_code"] == 127
 
 
+def test_a_failing_command_is_retried_then_fails_with_its_exit_code_and_log_tail(
+        two_nodes: LocalCluster, tmp_path: Path) -> None:
+    c = two_nodes
+    work = tmp_path / "proj"
+    work.mkdir()
+    cmd = '"echo attempt $GSCHED_ATTEMPT >> attempts.txt; echo out of memory in step 7 >&2; exit 3"'
+    job_id = submit(c, tmp_path / "job.toml", run_toml("flaky", cmd, workdir=str(work),
+                                                       limits='time = "5m"\nretry_on_failure = 1'))
+    doc = c.wait_job(job_id, {"FAILED", "COMPLETED"}, timeout=120)
+    # one retry (retry_on_failure = 1), then FAILED naming the rank, its exit code and its last words
+    assert (work / "attempts.txt").read_text().split() == ["attempt", "1", "attempt", "2"]
+    assert doc["state"] == "FAILED" and doc["attempt"] == 2, doc["reason"]
+    assert "rank 0 on" in doc["reason"] and "code 3" in doc["reason"], doc["reason"]
+    assert "out of memory in step 7" in doc["reason"], doc["reason"]
+    assert "out of memory in step 7" in c.cli("logs", str(job_id)).stdout
+    requeue = [e["message"] for e in doc["events"] if e["kind"] == "job.requeue"]
+    assert len(requeue) == 1 and "retry 1 of 1" in requeue[0]
+
+
 def test_a_true_job_completes_at_once(two_nodes: LocalCluster, tmp_path: Path) -> None:
     c = two_nodes
     job_id = submit(c, tmp_path / "job.toml", run_toml("nothing", '["true"]'))
