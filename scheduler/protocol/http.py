@@ -25,8 +25,10 @@ ignores them (the server's nudges, sent with http.client before this module took
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import ssl
 import urllib.error
 import urllib.parse
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
     from http.client import HTTPResponse
 
 DEFAULT_SERVER = "http://127.0.0.1:8470"
+# The CLI's bound on connecting to a server (then each read may take the whole timeout): a server whose
+# host is down or cut off is said to be unreachable after this, not after the read timeout.
+CONNECT_TIMEOUT_S = 2.0
 CERT_ERROR = 495  # the status of a ServerError for an HTTPS server whose certificate is not trusted (as nginx)
 
 
@@ -84,20 +89,82 @@ def _said(raw: bytes) -> str:
     return str(doc.get("detail", text)) if isinstance(doc, dict) else text.strip()
 
 
+class _QuickConnect:
+    """Mixed into http.client's connections: the TCP connect (and TLS handshake) waits at most
+    ``connect_timeout_s``, then every read ``timeout`` as before.  A host that is down or cut off sends
+    nothing back, so without it a caller learns so only after the whole read timeout (30 s for the CLI)."""
+
+    timeout: Any
+    sock: socket.socket | None
+    connect_timeout_s: float | None = None
+
+    def connect(self) -> None:
+        full = self.timeout
+        quick = self.connect_timeout_s
+        if quick is not None and isinstance(full, int | float):
+            self.timeout = min(full, quick)
+        try:
+            super().connect()  # type: ignore[misc]
+        finally:
+            self.timeout = full
+        if self.sock is not None and isinstance(full, int | float):
+            self.sock.settimeout(full)
+
+
+class _QuickHTTP(_QuickConnect, http.client.HTTPConnection):
+    pass
+
+
+class _QuickHTTPS(_QuickConnect, http.client.HTTPSConnection):
+    pass
+
+
+class _QuickHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, connect_timeout_s: float) -> None:
+        super().__init__()
+        self.connect_timeout_s = connect_timeout_s
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        def conn(host: str, **kw: Any) -> _QuickHTTP:
+            c = _QuickHTTP(host, **kw)
+            c.connect_timeout_s = self.connect_timeout_s
+            return c
+
+        return self.do_open(conn, req)
+
+
+class _QuickHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, connect_timeout_s: float, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self.connect_timeout_s = connect_timeout_s
+        self.tls_context = context
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        def conn(host: str, **kw: Any) -> _QuickHTTPS:
+            c = _QuickHTTPS(host, **kw)
+            c.connect_timeout_s = self.connect_timeout_s
+            return c
+
+        return self.do_open(conn, req, context=self.tls_context)
+
+
 @contextmanager
 def open_url(url: str, method: str = "GET", body: Body = None, headers: dict[str, str] | None = None,
              timeout_s: float = 60.0, context: ssl.SSLContext | None = None,
-             direct: bool = False) -> Iterator[HTTPResponse]:
+             direct: bool = False, connect_timeout_s: float | None = None) -> Iterator[HTTPResponse]:
     """The answer to one request, open for reading (``.read(n)``, ``.headers``), closed on leaving.
 
     A file ``body`` is streamed (give its ``Content-Length`` in ``headers``).  ``timeout_s`` bounds the
-    connect and every read.  Raises ``ServerError(status, what the server said)`` for an HTTP error
-    status and ``OSError`` when there was no answer.  ``direct``: ignore proxy settings."""
+    connect and every read; ``connect_timeout_s``, when given, the connect alone.  Raises
+    ``ServerError(status, what the server said)`` for an HTTP error status and ``OSError`` when there
+    was no answer.  ``direct``: ignore proxy settings."""
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
-        if direct:
-            handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
-            if context is not None:
+        if direct or connect_timeout_s is not None:
+            handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})] if direct else []
+            if connect_timeout_s is not None:
+                handlers += [_QuickHTTPHandler(connect_timeout_s), _QuickHTTPSHandler(connect_timeout_s, context)]
+            elif context is not None:
                 handlers.append(urllib.request.HTTPSHandler(context=context))
             resp = urllib.request.build_opener(*handlers).open(req, timeout=timeout_s)
         else:
@@ -115,9 +182,10 @@ def open_url(url: str, method: str = "GET", body: Body = None, headers: dict[str
 
 
 def send(url: str, method: str = "GET", body: Body = None, headers: dict[str, str] | None = None,
-         timeout_s: float = 60.0, context: ssl.SSLContext | None = None, direct: bool = False) -> bytes:
+         timeout_s: float = 60.0, context: ssl.SSLContext | None = None, direct: bool = False,
+         connect_timeout_s: float | None = None) -> bytes:
     """One request to one URL; returns the answer's body (errors as ``open_url``)."""
-    with open_url(url, method, body, headers, timeout_s, context, direct) as resp:
+    with open_url(url, method, body, headers, timeout_s, context, direct, connect_timeout_s) as resp:
         return bytes(resp.read())
 
 
@@ -138,7 +206,7 @@ class Servers:
         self._index = 0
 
     def send(self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout_s: float,
-             fail_over: FailOver) -> bytes:
+             fail_over: FailOver, connect_timeout_s: float | None = None) -> bytes:
         """The body of the first good answer.  Each failure becomes a ``ServerError`` (an HTTP status with
         what the server said; ``CERT_ERROR``; or 0 with why there was no answer) and ``fail_over(error,
         last)`` decides: True tries the next server, False raises that error.  When every server was
@@ -148,7 +216,8 @@ class Servers:
             idx = (self._index + i) % len(self.urls)
             url = self.urls[idx]
             try:
-                raw = send(url + path, method, body, headers, timeout_s, self.context)
+                raw = send(url + path, method, body, headers, timeout_s, self.context,
+                           connect_timeout_s=connect_timeout_s)
             except ServerError as e:
                 error, line = e, f"{url}: HTTP {e.status} {e.message[:500]}".rstrip()
             except OSError as e:
@@ -177,11 +246,12 @@ class Client:
     """The CLI's JSON client (see the module docstring for where server, token and CA come from)."""
 
     def __init__(self, server: str | None = None, token: str | None = None, ca: str | None = None,
-                 timeout_s: float = 30) -> None:
+                 timeout_s: float = 30, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.servers = Servers(server or os.environ.get("GSCHED_SERVER") or DEFAULT_SERVER,
                                ca or os.environ.get("GSCHED_CA"))
         self.token = token or default_token()
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
         """The decoded JSON answer (None for an empty one).  Raises ``ServerError``: the server's status
@@ -195,7 +265,8 @@ class Client:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            raw = self.servers.send(method, path, data, headers, self.timeout_s, fail_over_when_unanswered)
+            raw = self.servers.send(method, path, data, headers, self.timeout_s, fail_over_when_unanswered,
+                                    self.connect_timeout_s)
         except ServerError as e:
             if e.status != 0:
                 raise

@@ -115,6 +115,26 @@ def test_an_unreachable_server_is_said_at_once_with_status_3(cluster) -> None:  
         assert "cannot reach the gsched server" in out.stderr and "retrying" not in out.stderr
 
 
+def test_a_server_whose_host_does_not_answer_is_said_unreachable_within_the_connect_bound(cluster) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    # A listening socket whose accept queue is full: the kernel drops further SYNs, as a host that is
+    # down or cut off would (no refusal comes back).  The CLI's read timeout is 30 s; its connect
+    # bound (CONNECT_TIMEOUT_S, 2 s) must end the wait long before: the run is given 15 s.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    held = socket.create_connection(srv.getsockname(), timeout=5)  # fills the queue; never accepted
+    try:
+        silent = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        out = cluster.cli("--server", silent, "queue", check=False, timeout=15)
+        assert out.returncode == 3, out.stderr
+        assert "cannot reach the gsched server" in out.stderr and "timed out" in out.stderr, out.stderr
+    finally:
+        held.close()
+        srv.close()
+
+
 def test_submit_to_a_down_server_retries_with_its_request_id_saying_so(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
     job = tmp_path / "job.toml"
     job.write_text(job_toml("retry", ranks=1))
