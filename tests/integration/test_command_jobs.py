@@ -239,3 +239,28 @@ def test_each_job_of_an_array_sees_its_index(two_nodes: LocalCluster, tmp_path: 
     assert len(ids) == 3 and ids[0] == first
     # each job of the array wrote the array's id, its own index and the count, from its environment
     assert [(work / f"index-{i}.txt").read_text().split() for i in ids] == [[str(first), str(k), "3"] for k in range(3)]
+
+
+def test_run_jobs_wait_for_their_dependencies_and_one_that_cannot_be_met_fails(
+        two_nodes: LocalCluster, tmp_path: Path) -> None:
+    c = two_nodes
+    work = tmp_path / "dep"
+    work.mkdir()
+
+    def submit_run(name: str, command: str, *flags: str) -> int:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(run_toml(name, command, workdir=str(work)))
+        return int(c.cli("submit", str(path), *flags).stdout.split()[-1])
+
+    failing = submit_run("fails", '"sleep 1; exit 4"')
+    after_any = submit_run("after-any", '"echo ran >> after-any.txt"', "--dependency", f"afterany:{failing}")
+    after_ok = submit_run("after-ok", '"echo ran >> after-ok.txt"', "--dependency", f"afterok:{failing}")
+    after_not_ok = submit_run("after-not-ok", '"echo ran >> after-not-ok.txt"', "--dependency", f"afternotok:{failing}")
+    assert c.wait_job(failing, {"FAILED", "COMPLETED"}, timeout=120)["state"] == "FAILED"
+    assert c.wait_job(after_any, {"COMPLETED", "FAILED"}, timeout=120)["state"] == "COMPLETED"
+    assert c.wait_job(after_not_ok, {"COMPLETED", "FAILED"}, timeout=120)["state"] == "COMPLETED"
+    doc = c.wait_job(after_ok, {"COMPLETED", "FAILED"}, timeout=120)
+    # afterok on a job that FAILED can never be met: it ends FAILED saying so, and never ran
+    assert doc["state"] == "FAILED" and f"afterok:{failing} can never be satisfied" in doc["reason"], doc["reason"]
+    assert doc["started_at"] is None and not (work / "after-ok.txt").exists()
+    assert (work / "after-any.txt").read_text() == "ran\n" and (work / "after-not-ok.txt").read_text() == "ran\n"
