@@ -227,7 +227,7 @@ class RankRunner(threading.Thread):
         except OSError:
             line["_dropped"] = True  # pruned (or never written) before it could be hashed: not recorded
             return
-        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, path, keep)
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, path, keep, line["sha256"])
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:
