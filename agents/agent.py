@@ -157,9 +157,9 @@ class Agent:
         log.info("staging job %s rank %s [%s%s] %s/%s MB %.1f MB/s ETA %.0fs", key[0], key[2], "#" * filled,
                  "." * (width - filled), f"{done / 1e6:.1f}", f"{total / 1e6:.1f}", rate / 1e6, eta)
 
-    def mirror_checkpoint(self, job_id: int, path: Path, keep: int = 0) -> list[str]:
+    def mirror_checkpoint(self, job_id: int, path: Path, keep: int = 0, sha256: str = "") -> list[str]:
         """Copy a fresh checkpoint to one other up node (the server's order: another rack first) before
-        the server records it."""
+        the server records it; with ``sha256`` the receiving node keeps the copy only if it matches."""
         if not path.is_file() or not self.peer_key:
             return []
         for node, address in list(self.peers.items()):
@@ -171,7 +171,8 @@ class Agent:
                 with open(path, "rb") as f:
                     send(f"http://{address}/checkpoints/{job_id}/{name}", "PUT", f,
                          {**ticket_headers(self.peer_key, "ckpt", job_id, name),
-                          "Content-Length": str(path.stat().st_size), "X-Gsched-Keep": str(max(0, int(keep)))},
+                          "Content-Length": str(path.stat().st_size), "X-Gsched-Keep": str(max(0, int(keep))),
+                          **({"X-Gsched-Sha256": sha256} if sha256 else {})},
                          timeout_s=60)
                 return [node]
             except (ServerError, OSError, ValueError) as e:

@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.ckptverify import choose
 from agents.ckptwatch import CheckpointWatch, copy_checkpoint
 from agents.dataserver import checkpoint_dir, checkpoint_path
 from agents.rankenv import RankFacts, rank_env
 from agents.rankfail import RENDEZVOUS, rendezvous_failure
 from agents.runas import Account, AccountError, agent_account, own, resolve, share
-from agents.shardfile import background_priority, prune_checkpoints, shard_path
+from agents.shardfile import background_priority, prune_checkpoints, sha256_file, shard_path
 from agents.staging import StagingError, fetch
 from scheduler.protocol.messages import Assignment, ShardSource
 from scheduler.protocol.rankspec import RankSpec
@@ -221,7 +222,12 @@ class RankRunner(threading.Thread):
             share(path, account, 0o640)
             line["bytes"] = size
             prune_checkpoints(path.parent, keep)
-        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, path, keep)
+        try:
+            line["sha256"] = sha256_file(path)  # recorded by the server: every copy is checked against it
+        except OSError:
+            line["_dropped"] = True  # pruned (or never written) before it could be hashed: not recorded
+            return
+        line["mirrors"] = self.agent.mirror_checkpoint(self.a.job_id, path, keep, line["sha256"])
 
     # ------------------------------------------------------------ the rank's life
     def run(self) -> None:
@@ -367,24 +373,32 @@ class RankRunner(threading.Thread):
         return done_before
 
     def _stage_checkpoint(self) -> str | None:
+        """The newest recorded checkpoint whose copy here (fetched if need be) matches the sha256 the
+        server recorded; a newer one that fails its check is skipped for the one before it, and each
+        skip becomes a ``checkpoint_skipped`` line (an event on the server).  Nothing unverified is
+        loaded: StagingError when no candidate verifies (agents/ckptverify.py)."""
         resume = self.a.resume
         if resume is None:
             return None
         job_id = self.a.job_id
-        name = Path(resume.path).name
-        local = checkpoint_path(self.agent.data_dir, job_id, name)
-        if local.is_file():
-            return str(local)
-        for node, address in zip(resume.nodes, resume.addresses, strict=False):
-            if node == self.agent.node or not address:
-                continue
-            try:
-                fetch(address, f"checkpoints/{job_id}/{name}", ("ckpt", job_id, name), local, None,
-                      self.agent.peer_key or "")
-                return str(local)
-            except StagingError as e:
-                log.warning("checkpoint %s from %s: %s", name, node, e)
-        raise StagingError(f"checkpoint {name} could not be fetched from {resume.nodes}")
+
+        def fetch_one(address: str, name: str, dest: Path, sha: str) -> None:
+            fetch(address, f"checkpoints/{job_id}/{name}", ("ckpt", job_id, name), dest, sha,
+                  self.agent.peer_key or "")
+
+        choice = choose([resume, *self.a.resume_older], lambda name: checkpoint_path(self.agent.data_dir, job_id, name),
+                        fetch_one, self.agent.node)
+        for c, why in choice.skipped:
+            text = f"checkpoint epoch {c.epoch} skipped: {why}"
+            log.warning("job %s rank %s: %s", job_id, self.a.rank, text)
+            self._note(text)
+            self._held.append({"type": "checkpoint_skipped", "epoch": c.epoch, "reason": why[:300]})
+        if choice.checkpoint is None or choice.path is None:
+            raise StagingError(f"no checkpoint of job {job_id} could be verified: "
+                               + "; ".join(f"epoch {c.epoch}: {why}" for c, why in choice.skipped))
+        if self.watch is not None:  # a [run] job's next checkpoint is numbered on from the one it loads
+            self.watch.next_epoch = choice.checkpoint.epoch + 1
+        return str(choice.path)
 
     def _rendezvous(self) -> int | None:
         """Rank 0: a port from the agent's range, held until this rank ends (agents/ports.py); it waits

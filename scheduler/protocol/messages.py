@@ -196,13 +196,15 @@ class ShardSource(_Out):
 
 
 class Resume(_Out):
-    """The job's newest recorded checkpoint: its file name is ``Path(path).name``, held by ``nodes``
-    (``addresses``: their data servers, in the same order)."""
+    """A recorded checkpoint of the job: its file name is ``Path(path).name``, held by ``nodes``
+    (``addresses``: their data servers, in the same order); ``sha256`` of its bytes as reported when
+    it was written ("": none recorded, and the copy is never loaded)."""
 
     epoch: int
     path: str
     nodes: list[str] = Field(default_factory=list)
     addresses: list[str] = Field(default_factory=list)
+    sha256: str = ""
 
 
 class Assignment(_Out):
@@ -232,7 +234,8 @@ class Assignment(_Out):
     group_world_size: int = 1
     num_classes: int = 10
     shards: list[ShardSource]
-    resume: Resume | None = None
+    resume: Resume | None = None  # the newest checkpoint
+    resume_older: list[Resume] = Field(default_factory=list)  # the ones before it, newest first
     # Variables the rank's environment gets besides the launcher's own: an array job's
     # GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT (scheduler/core/arrays.py).
     env: dict[str, str] = Field(default_factory=dict)

@@ -20,6 +20,7 @@ Processing the same heartbeat twice is harmless: updates are absolute, and log t
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -69,6 +70,8 @@ from scheduler.store.models import (
 )
 
 LIVE_RANK = RANK_LIVE
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_RESUME = 8  # checkpoints an assignment names to resume from: the newest, then older ones to fall back on
 
 
 def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0,
@@ -264,11 +267,17 @@ def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set
         elif kind == "checkpoint" and isinstance(epoch, int):
             nodes = [hb.node] + [n for n in line.get("mirrors", []) if isinstance(n, str)]
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch == epoch))
+            sha = line.get("sha256")
             s.add(Checkpoint(job_id=job.id, epoch=epoch, path=str(line.get("path", ""))[:512], nodes=nodes,
-                             bytes=int(line.get("bytes", 0) or 0), created_at=now))
+                             bytes=int(line.get("bytes", 0) or 0), created_at=now,
+                             sha256=sha if isinstance(sha, str) and SHA256.fullmatch(sha) else ""))
             keep = job.parsed_spec.knobs.keep_checkpoints
             if keep > 0:  # the agents deleted the older files; their rows go too
                 s.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.epoch <= epoch - keep))
+        elif kind == "checkpoint_skipped" and isinstance(epoch, int):
+            record(s, now, f"agent:{hb.node}", "checkpoint.skipped",
+                   f"job {job.id} epoch {epoch} on {hb.node}: {str(line.get('reason', ''))[:300]}",
+                   job_id=job.id, node=hb.node)
         elif kind == "progress":
             job.progress = {**(job.progress or {}), "train": {k: line.get(k) for k in ("epoch", "step", "steps")}}
         touched.add(job.id)
@@ -306,6 +315,11 @@ def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> 
         requeue_job(s, now, job, step.reason, **step.context)
     else:
         move(s, now, job, step.to, step.reason, **step.context)
+
+
+def _resume(ckpt: Checkpoint, book: _NodeBook) -> Resume:
+    return Resume(epoch=ckpt.epoch, path=ckpt.path, nodes=ckpt.nodes, sha256=ckpt.sha256,
+                  addresses=[book.address(n) for n in ckpt.nodes])
 
 
 class _NodeBook:
@@ -399,11 +413,13 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             for shard, node in s.execute(select(Replica.shard, Replica.node).where(
                     Replica.dataset == dataset.name, Replica.state == ReplicaState.HEALTHY, Replica.shard.in_(sorted(wanted)))):
                 holders.setdefault(shard, []).append(node)
-        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.epoch.desc())).first()
+        ckpts = list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)
+                               .order_by(Checkpoint.epoch.desc()).limit(MAX_RESUME)))
+        ckpt = ckpts[0] if ckpts else None
         spec = job.parsed_spec
         group_rank, group_world_size = _groups(ranks, node_name)
         book.load({rank0.node if rank0 else ""} | {a.source for a in reads}
-                  | {n for ns in holders.values() for n in ns} | set(ckpt.nodes if ckpt else ()))
+                  | {n for ns in holders.values() for n in ns} | {n for c in ckpts for n in c.nodes})
         assignments.append(Assignment(
             job_id=job.id, attempt=job.attempt, rank=r.rank, local_rank=r.local_rank,
             world_size=len(ranks), local_world_size=sum(1 for x in ranks if x.node == node_name),
@@ -421,8 +437,8 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
                                 alternates=[book.address(n) for n in sorted(holders.get(a.shard, []))
                                             if n != a.source and book.up(n)])
                     for a in reads],
-            resume=(Resume(epoch=ckpt.epoch, path=ckpt.path, nodes=ckpt.nodes,
-                           addresses=[book.address(n) for n in ckpt.nodes]) if ckpt else None),
+            resume=_resume(ckpt, book) if ckpt else None,
+            resume_older=[_resume(c, book) for c in ckpts[1:]],
         ))
     kills = [Kill.model_validate(k) for k in kill]
     for r in (x for x in here if x.state == RankState.KILLING):

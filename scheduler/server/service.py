@@ -439,7 +439,8 @@ def job_detail(s: Session, job: Job, with_logs: bool = True) -> dict[str, Any]:
         "shards": [{"shard": a.shard, "rank": a.rank, "node": a.node, "source": a.source,
                     "local": a.source == a.node, "bytes": a.bytes, "staged_bytes": a.staged_bytes} for a in assigns],
         "metrics": [by_epoch[e] for e in sorted(by_epoch)],
-        "checkpoints": [{"epoch": c.epoch, "path": c.path, "nodes": c.nodes, "bytes": c.bytes} for c in ckpts],
+        "checkpoints": [{"epoch": c.epoch, "path": c.path, "nodes": c.nodes, "bytes": c.bytes, "sha256": c.sha256}
+                        for c in ckpts],
         "events": [{"time": e.time, "actor": e.actor, "kind": e.kind, "message": e.message} for e in events],
         "history": [{"attempt": r.attempt, "rank": r.rank, "node": r.node, "devices": r.devices, "state": r.state,
                      "exit_code": r.exit_code, "bound_at": r.bound_at, "started_at": r.started_at,

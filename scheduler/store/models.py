@@ -227,6 +227,7 @@ class Checkpoint(Base):
     nodes: Mapped[Any] = mapped_column(JSON)  # nodes holding a copy
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[float] = mapped_column(Float)
+    sha256: Mapped[str] = mapped_column(String(64), default="", server_default="")  # "": not verifiable
 
 
 class LogChunk(Base):

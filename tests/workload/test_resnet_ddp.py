@@ -236,8 +236,8 @@ def test_resume_from_epoch_1_equals_uninterrupted(tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7)
         assert b["accuracy"] == pytest.approx(a["accuracy"])
         assert b["lr"] == pytest.approx(a["lr"])
-    final_a = torch.load(tmp_path / "whole" / "ckpt" / "epoch-0002.pt", weights_only=False)
-    final_b = torch.load(tmp_path / "cut2" / "ckpt" / "epoch-0002.pt", weights_only=False)
+    final_a = torch.load(tmp_path / "whole" / "ckpt" / "epoch-0002.pt", weights_only=True)
+    final_b = torch.load(tmp_path / "cut2" / "ckpt" / "epoch-0002.pt", weights_only=True)
     for k, v in final_a["model"].items():
         torch.testing.assert_close(final_b["model"][k], v, rtol=1e-6, atol=1e-7)
     assert len(final_a["rng"]) == 2  # every rank's RNG state is kept
@@ -386,3 +386,29 @@ def test_bench_reports_images_per_second_on_cpu():
 
     figures = bench((8, 8, 3), batch_size=4, steps=1, warmup_steps=1, device="cpu")
     assert figures["images_per_s"] > 0 and figures["device"] == "cpu" and figures["amp"] == "off"
+
+
+class _RunsCode:
+    """Unpickling this runs ``touch MARKER``: what a checkpoint written by a hostile node could hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_holding_a_code_object_is_refused_and_runs_nothing(tmp_path):
+    from agents.workloads.resnet_ddp.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
+    from agents.workloads.resnet_ddp.spec import SpecError
+
+    marker = tmp_path / "ran"
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    bad = tmp_path / "epoch-0001.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "epoch": 1, "model": model.state_dict(), "history": [_RunsCode(marker)]},
+               bad)
+    with pytest.raises(SpecError, match="not a checkpoint of tensors and plain data"):
+        load_checkpoint(str(bad), model, optimizer, scheduler, 1, 0, 1)
+    assert not marker.exists()  # the object was never built

@@ -15,6 +15,7 @@ is spent on it: a run that stops or is restarted begins again at epoch 0.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,10 @@ def load_checkpoint(
 ) -> tuple[int, list[dict[str, Any]]]:
     """Restore ``path`` into the model (not yet wrapped in DDP), optimizer, LR scheduler and this rank's
     RNG; returns ``(epochs done, history)``.  Raises SpecError for a checkpoint of another format."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # tensors and plain types only: a checkpoint cannot name code to run (docs/security.md)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise SpecError(f"{path}: not a checkpoint of tensors and plain data, refused: {e}") from None
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise SpecError(f"{path}: unknown checkpoint format {ckpt.get('format')!r}")
     model.load_state_dict(ckpt["model"])
@@ -102,8 +106,12 @@ def load_checkpoint(
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's python, numpy, torch (and, once CUDA is in use, CUDA) generator states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's python, numpy, torch (and, once CUDA is in use, CUDA) generator states, as tensors
+    and plain types (what ``torch.load(weights_only=True)`` reads back)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                       "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -112,7 +120,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])

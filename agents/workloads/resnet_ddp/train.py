@@ -149,6 +149,13 @@ def prepare(
         start_epoch, history = load_checkpoint(
             spec.resume_from, model, optimizer, scheduler, steps_per_epoch, rank, world_size
         )
+        # Each node's agent picks the newest checkpoint it can verify (agents/ckptverify.py): ranks on
+        # nodes that verified different ones must not train on from different points.
+        epochs: list[Any] = [None] * world_size
+        dist.all_gather_object(epochs, start_epoch)
+        if len(set(epochs)) > 1:
+            raise SpecError(f"the ranks resumed from checkpoints of different epochs {epochs}: "
+                            "a node could not verify the newest one (see the job's checkpoint.skipped events)")
     return Run(
         spec=spec,
         rank=rank,
