@@ -93,17 +93,17 @@ def test_usage_rolls_up_and_the_cycle_sees_the_tree(tree: LocalCluster) -> None:
 
 def test_bad_input_names_the_field_and_stores_nothing(tree: LocalCluster) -> None:
     out = tree.cli("user", "add", "dave", "--account", "nowhere", check=False)
-    assert out.returncode == 1 and "account" in out.stderr and "nowhere" in out.stderr
+    assert out.returncode == 2 and "account" in out.stderr and "nowhere" in out.stderr
     assert "dave" not in {u["name"] for u in tree.admin().get("/v1/users")}
     out = tree.cli("account", "add", "x", "--parent", "nowhere", check=False)
-    assert out.returncode == 1 and "parent" in out.stderr
+    assert out.returncode == 2 and "parent" in out.stderr
     out = tree.cli("account", "add", "physics", check=False)
-    assert out.returncode == 1 and "already exists" in out.stderr
+    assert out.returncode == 2 and "already exists" in out.stderr
     out = tree.cli("account", "add", "root", check=False)
-    assert out.returncode == 1 and "name" in out.stderr
+    assert out.returncode == 2 and "name" in out.stderr
     # physics -> theory: moving physics under theory would be a loop
     out = tree.cli("account", "move", "physics", "theory", check=False)
-    assert out.returncode == 1 and "loop" in out.stderr
+    assert out.returncode == 2 and "loop" in out.stderr
     assert {a["name"]: a["parent"] for a in tree.admin().get("/v1/accounts")} == {
         "bio": "root", "physics": "root", "theory": "physics"}
     tree.cli("account", "move", "theory", "root")
