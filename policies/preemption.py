@@ -11,8 +11,10 @@ Who may preempt whom, with ``F`` each user's fair-share factor over the account 
 
 - the preemptor: pending at least ``preempt_after_s`` (from ``pending_since_s``), its user under
   their share (``F > 0.5``, i.e. effective usage below normalised shares), and it does not fit in the
-  free devices now;
-- a victim: running at least ``min_runtime_s`` since it last started, ``preemptible``, preempted
+  free devices now, counting as free the devices of jobs that are stopping (``RunningView.stopping``:
+  earlier victims whose ranks have not exited yet), so a preemptor takes victims once, not every cycle
+  until they are gone;
+- a victim: active (not stopping), running at least ``min_runtime_s`` since it last started, ``preemptible``, preempted
   fewer than ``preempt_max_per_hour`` times in the last hour, its user over their share (``F < 0.5``).
 
 Victims are taken in the order: least work lost since their last checkpoint first (in steps of
@@ -89,7 +91,7 @@ def _data_nodes(job: JobView, snap: Snapshot) -> set[str]:
 def eligible_victims(snap: Snapshot, cfg: PolicyConfig, factors: Mapping[str, float]) -> list[RunningView]:
     """Running jobs that may be preempted at all this cycle (see the module doc), by job id."""
     return [r for r in snap.running
-            if r.preemptible and factors.get(r.user, 1.0) < 0.5
+            if r.preemptible and not r.stopping and factors.get(r.user, 1.0) < 0.5
             and snap.now_s - r.started_s >= cfg.min_runtime_s
             and r.preemptions_last_hour < cfg.preempt_max_per_hour]
 
@@ -102,6 +104,11 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
     factors = snapshot_factors(snap, users)
     ordered, _, _ = queue_order(snap, cfg)
     free = {n: v.free for n, v in snap.nodes.items()}
+    for r in snap.running:  # devices of stopping jobs (earlier victims among them) are free once they exit
+        if r.stopping:
+            for n, d in r.devices_by_node:
+                if n in free:
+                    free[n] += d
     pool = eligible_victims(snap, cfg, factors)
     out: list[Preemption] = []
     for job in ordered:

@@ -471,6 +471,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
         nodes = ", ".join(f"{n} x{k}" for n, k in (r["nodes"] or {}).items())
         c.print(f"reservation: devices on {nodes} are held for job {r['job']} from {human_s(r['start_s'] - now)} "
                 "after this decision")
+    for words in doc.get("preemptions") or []:
+        c.print(f"preemption: {words}")
     if doc.get("candidates"):
         t = _table("candidates (last cycle)", ["#", "RANKS PER NODE", "LOCAL", "TO STAGE", "EST. STAGING", "CHOSEN",
                                                "WHY NOT"], right=("LOCAL", "TO STAGE", "EST. STAGING"))

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from scheduler.protocol.states import RANK_FINAL, RankState, TransferState
 
 __all__ = [
-    "ACTIVE", "FINAL", "RANK_FINAL", "RANK_LIVE", "TABLE", "TRANSITIONS", "CloseStaging", "Effect",
+    "ACTIVE", "FINAL", "PREEMPT_EVENT", "PREEMPTING_EVENT", "RANK_FINAL", "RANK_LIVE", "TABLE", "TRANSITIONS", "CloseStaging", "Effect",
     "IllegalTransition", "JobFacts", "JobState", "Move", "NodeState", "RankFacts", "RankState", "Record",
     "ReplicaState", "SetFields", "StopRanks", "TransferState", "can_transition", "derive", "exit_words",
     "gives_up", "plan",
@@ -65,6 +65,8 @@ class ReplicaState(StrEnum):
 
 FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 ACTIVE = frozenset({JobState.BOUND, JobState.STAGING, JobState.RUNNING})  # holding devices
+PREEMPT_EVENT = "job.preempt"  # the event of each preemption (policies.preemption), one per victim
+PREEMPTING_EVENT = "job.preempting"  # the preemptor's event: the victims taken for it, and why
 RANK_LIVE = frozenset({RankState.ASSIGNED, RankState.STAGING, RankState.READY, RankState.RUNNING})
 
 class IllegalTransition(RuntimeError):
@@ -215,7 +217,7 @@ def gives_up(restarts: int, max_restarts: int) -> bool:
 
 
 def _requeue(job: JobFacts, to: JobState, reason: str, now: float, *, max_restarts: int,
-             earlier: Sequence[str] = (), retry: bool = False) -> list[Effect]:
+             earlier: Sequence[str] = (), retry: bool = False, preempted_for: int | None = None) -> list[Effect]:
     """An active job -> PENDING after losing a node or its rendezvous (``reason`` says which); its
     ranks are stopped, and it waits from ``now`` for a new placement and a new rendezvous port.  Its
     reason, "requeued: " and ``reason``, is a ``requeued`` one: the words go to ``reason`` and the data
@@ -225,7 +227,19 @@ def _requeue(job: JobFacts, to: JobState, reason: str, now: float, *, max_restar
     messages (oldest first).  ``retry``: the requeue is a retry after a rank failed (``derive``), counted
     in ``failures``, not in ``restarts``; as before the lifecycle was one table, its requeue event still
     names the restart it would have been, and a retry that gives up lowers ``restarts`` by one.
+
+    ``preempted_for``: the job's devices go to that job (``policies.preemption``).  A preemption is no
+    restart and never fails the job: ``restarts`` and ``max_restarts`` are untouched, the job keeps its
+    age (``pending_since`` stays as it was), its reason is a ``preempted`` one naming the preemptor,
+    and the event is ``job.preempt`` with ``reason`` (who, and the work lost) as its words.
     """
+    if preempted_for is not None:
+        from scheduler.core.reasons import Reason, ReasonKind
+
+        why = Reason(ReasonKind.PREEMPTED, f"preempted for job {preempted_for}")
+        return [StopRanks(), SetFields({"state": to, "reason": why.text(), "locality_wait_since": None,
+                                        "master_port": None, "explain": {**(job.explain or {}), "why": why.as_dict()}}),
+                Record(PREEMPT_EVENT, reason)]
     if gives_up(job.restarts, max_restarts):
         history = "".join(f"\n  earlier: {m}" for m in earlier)
         effects = plan(job, JobState.FAILED, f"{reason}; gave up after {job.restarts} restarts "
@@ -290,8 +304,9 @@ def plan(job: JobFacts, to: JobState, reason: str, now: float, **context: Any) -
 
     Raises ``IllegalTransition`` when the table has no such move.  ``context`` is what the move's
     handler needs besides the job (``TABLE``'s handlers name it: ``nodes`` and the transfer figures for
-    a bind, ``nodes`` for RUNNING, ``actor`` for a cancel, ``max_restarts`` (and ``earlier``, ``retry``)
-    for a requeue); a missing or unknown key is a ``TypeError``.  Reads ``job``, changes nothing.
+    a bind, ``nodes`` for RUNNING, ``actor`` for a cancel, ``max_restarts`` (and ``earlier``, ``retry``,
+    ``preempted_for``) for a requeue); a missing or unknown key is a ``TypeError``.  Reads ``job``,
+    changes nothing.
     """
     try:
         handler = TABLE[(JobState(job.state), JobState(to))]

@@ -44,6 +44,7 @@ class ReasonKind(StrEnum):
     DATA_MISSING = "data_missing"  # a shard of its data set has no live copy
     QUEUE_ORDER = "queue_order"  # waits behind another job (the fifo baseline)
     REQUEUED = "requeued"  # back in the queue after losing a node, its rendezvous, or a failed rank
+    PREEMPTED = "preempted"  # back in the queue: its devices went to a job of a user under their share
     BIND_FAILED = "bind_failed"  # the arbiter chose it, but the bind's re-check refused
     HELD = "held"  # held by its owner or an admin (`gsched hold`): not scheduled until released
     DEPENDENCY = "dependency"  # waits for the jobs its --dependency names to end

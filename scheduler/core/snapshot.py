@@ -65,7 +65,8 @@ class RunningView:
     For preemption (``policies.preemption``): ``started_s`` is when it last started, ``checkpoint_s``
     when its newest checkpoint was written since (None: none yet, all work since ``started_s`` would
     be lost), ``preemptible`` its ``[limits] preemptible``, ``preemptions_last_hour`` how often it was
-    preempted in the hour before ``Snapshot.now_s``."""
+    preempted in the hour before ``Snapshot.now_s``.  ``stopping``: the job is no longer active (requeued,
+    preempted, cancelled or ended) but its ranks hold their devices until they exit."""
 
     id: int
     user: str
@@ -75,6 +76,7 @@ class RunningView:
     checkpoint_s: float | None = None
     preemptible: bool = True
     preemptions_last_hour: int = 0
+    stopping: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,17 @@
    ``--dependency`` is met are let in, those whose dependency can never be met end FAILED.
 4. snapshot: one immutable ``Snapshot`` is read from the database.
 5. decide: stage 1 (per job, local) and stage 2 (the configured arbiter), pure functions of the snapshot.
-6. bind: one transaction per chosen job, re-checking that its devices are still free; a bind that
+6. preempt (``[policy] preempt`` on): victims of ``policies.preemption.plan_preemptions`` go back to
+   PENDING and their ranks are stopped; their devices go to the preemptor once free (a later cycle).
+7. bind: one transaction per chosen job, re-checking that its devices are still free; a bind that
    fails its re-check is counted (``bind_failed``) and its job explained as such.
-7. replicate: copies are scheduled for under-replicated shards (bounded concurrency).
-8. report: every pending job's explanation and a cluster sample are stored.
-9. thin: hourly, the cluster history is thinned.
+8. replicate: copies are scheduled for under-replicated shards (bounded concurrency).
+9. report: every pending job's explanation and a cluster sample are stored.
+10. thin: hourly, the cluster history is thinned.
 
 This module is the phase list and nothing else: the work of each phase is in ``upkeep`` (1-3),
-``scheduler.store.snapshot_reader`` (4), ``scheduler.core.decide`` (5), ``scheduler.store.binder`` (6),
-``replication`` (7) and ``report`` (8, 9).  ``run_cycle`` is called by the cycle process (one at a time,
+``scheduler.store.snapshot_reader`` (4), ``scheduler.core.decide`` (5), ``preempt`` (6),
+``scheduler.store.binder`` (7), ``replication`` (8) and ``report`` (9, 10).  ``run_cycle`` is called by the cycle process (one at a time,
 with the ``CycleMemory`` it keeps) and by tests with a fake clock.
 """
 
@@ -25,10 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from policies.preemption import plan_preemptions
 from policies.registry import get_arbiter
 from scheduler.core.decide import decide
 from scheduler.core.snapshot import Snapshot
 from scheduler.server.cyclestate import CycleMemory, CycleReport
+from scheduler.server.preempt import act_on_preemptions
 from scheduler.server.replication import schedule_replication
 from scheduler.server.report import thin_history_if_due, write_report
 from scheduler.server.upkeep import enforce_time_limits, expire_nodes, settle_dependencies, update_usage
@@ -77,11 +81,19 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy, arbiter))
     report.counts["pending"] = len(snap.pending)
     started = sorted(set(decision.waiting) & _new_waits(snap))  # jobs that began waiting this cycle
-    if fence is not None and (decision.bindings or started) and not fence():
+    plans = plan_preemptions(snap, settings.policy)  # empty unless [policy] preempt
+    if fence is not None and (decision.bindings or started or plans) and not fence():
         log.warning("lost the scheduling lease during the cycle: binding nothing")
         return report
+    if plans:  # 6
+        def preempt_phase() -> dict[int, dict[str, Any]]:
+            with db.session() as s:
+                return act_on_preemptions(s, snap, plans)
 
-    def bind_phase() -> list[str]:  # 6
+        report.preemptions = phase("preempt", preempt_phase)
+        report.counts["preempted"] = sum(len(p["victims"]) for p in report.preemptions.values())
+
+    def bind_phase() -> list[str]:  # 7
         bound = bind_all(db, now, decision.bindings, clock)
         report.bound, report.refused = bound.jobs, bound.refused
         if started:  # the locality wait counts from the first cycle a job waited (policies.twostage)
@@ -96,12 +108,12 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         log.warning("job %d: bind failed: %s", job_id, why)
     if nudge is not None and placed:
         nudge(placed)
-    with db.session() as s:  # 7
+    with db.session() as s:  # 8
         report.counts["replications"] = phase(
             "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
-    report.counts["explained"] = phase(  # 8
+    report.counts["explained"] = phase(  # 9
         "report", lambda: write_report(db, now, snap, candidates, decision, report, memory, leader))
-    thinned = phase("thin", lambda: thin_history_if_due(db, now, memory))  # 9
+    thinned = phase("thin", lambda: thin_history_if_due(db, now, memory))  # 10
     if thinned is not None:
         report.counts["samples_thinned"] = thinned
     log.info("cycle: %s %s", report.counts, {k: round(v * 1000, 1) for k, v in report.durations_s.items()})

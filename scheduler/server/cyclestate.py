@@ -11,6 +11,7 @@ the cycle process makes its own (``cycleproc._serve``) and passes it to every ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.store.snapshot_reader import JobShapes
 
@@ -18,13 +19,15 @@ from scheduler.store.snapshot_reader import JobShapes
 @dataclass
 class CycleReport:
     """``durations_s``: each phase's seconds, by name; ``counts``: what each phase did; ``bound``: the jobs
-    bound, in the decision's order; ``refused``: the chosen jobs whose bind failed its re-check, and why."""
+    bound, in the decision's order; ``refused``: the chosen jobs whose bind failed its re-check, and why;
+    ``preemptions``: by preemptor, the victims preempted for it this cycle (``scheduler.server.preempt``)."""
 
     time: float
     durations_s: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     bound: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
+    preemptions: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

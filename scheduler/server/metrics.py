@@ -41,8 +41,8 @@ DECISIONS = {"job.bind": "bind", "job.requeue": "requeue"}
 
 PENDING_KINDS: tuple[ReasonKind, ...] = (
     ReasonKind.NEW, ReasonKind.DEVICES_BUSY, ReasonKind.LOCALITY_WAIT, ReasonKind.RESERVED, ReasonKind.TOO_LARGE,
-    ReasonKind.DATA_MISSING, ReasonKind.QUEUE_ORDER, ReasonKind.REQUEUED, ReasonKind.HELD,
-    ReasonKind.DEPENDENCY, ReasonKind.OTHER)
+    ReasonKind.DATA_MISSING, ReasonKind.QUEUE_ORDER, ReasonKind.REQUEUED, ReasonKind.PREEMPTED,
+    ReasonKind.HELD, ReasonKind.DEPENDENCY, ReasonKind.OTHER)
 """The label values of ``gsched_jobs_pending_by_reason``: a few fixed kinds, so the series' cardinality
 stays small and dashboards see stable series.  A pending job's kind is its reason's
 (``explain["why"]["kind"]``, written with ``Job.reason``); a kind not listed here (``bind_failed``,

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Unprocessable
-from scheduler.core.lifecycle import FINAL
+from scheduler.core.lifecycle import FINAL, PREEMPTING_EVENT, JobState
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.accounts import share_tree_rows
 from scheduler.server.auth import Identity
@@ -57,15 +57,20 @@ def explain_view(s: Session, job: Job) -> dict[str, Any]:
     """``gsched explain``: the last cycle's explanation of ``job``.  ``reason`` is the job's reason now
     and ``pending_reason`` the last cycle's words; ``why`` (with ``reason_kind`` and ``reason_at_s``)
     is the job's reason as data while it is pending (``service.pending_why``), else None.  Each
-    candidate has its ``reason`` words and, as data, its ``why``."""
+    candidate has its ``reason`` words and, as data, its ``why``.  ``preemptions``: while the job is
+    pending, the words of each ``job.preempting`` event since it last became pending (the jobs preempted
+    for it, and why), oldest first."""
     ex = job.explain or {}
     why = pending_why(job)
+    preemptions = [] if job.state != JobState.PENDING else list(s.scalars(
+        select(Event.message).where(Event.job_id == job.id, Event.kind == PREEMPTING_EVENT,
+                                    Event.time >= job.pending_since).order_by(Event.id)))
     return {"job": job.id, "state": job.state, "user": job.user, "factor": ex.get("factor", job.factor),
             "priority": ex.get("priority", job.priority), "queue_position": ex.get("queue_position"),
             "queue_length": ex.get("queue_length"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
             "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
-            "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
+            "preemptions": preemptions, "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
             "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}
 
 

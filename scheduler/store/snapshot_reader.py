@@ -17,10 +17,22 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.accounts import AccountView
 from scheduler.core.jobspec import stored
-from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, ReplicaState
+from scheduler.core.lifecycle import ACTIVE, PREEMPT_EVENT, RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
-from scheduler.store.models import Account, Checkpoint, Device, Job, Node, Rank, Replica, Shard, Usage, User
+from scheduler.store.models import (
+    Account,
+    Checkpoint,
+    Device,
+    Event,
+    Job,
+    Node,
+    Rank,
+    Replica,
+    Shard,
+    Usage,
+    User,
+)
 
 SHAPE_CHUNK = 500  # job ids per query when shapes are read
 
@@ -100,6 +112,21 @@ def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[int, float], dict[int, int]]:
+    """For jobs holding devices: when each one's newest checkpoint was recorded, and how often it was
+    preempted (``job.preempt`` events) in the hour before ``now``."""
+    if not job_ids:
+        return {}, {}
+    ckpt = {job: float(t) for job, t in s.execute(
+        select(Checkpoint.job_id, func.max(Checkpoint.created_at))
+        .where(Checkpoint.job_id.in_(job_ids)).group_by(Checkpoint.job_id))}
+    preempted = {int(job or 0): int(n) for job, n in s.execute(
+        select(Event.job_id, func.count())
+        .where(Event.kind == PREEMPT_EVENT, Event.time > now - 3600.0, Event.job_id.in_(job_ids))
+        .group_by(Event.job_id))}
+    return ckpt, preempted
+
+
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
@@ -137,10 +164,15 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
         .where(Job.state == JobState.PENDING, Job.held_by.is_(None), Job.deps_met.is_(True))
         .order_by(Job.id)).all())
     by_job: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for job_id, node, devices in s.execute(select(Rank.job_id, Rank.node, Rank.devices)
-                                           .where(Rank.state.not_in(RANK_FINAL))):
+    last_start: dict[int, float] = {}  # when the job's live ranks started (bound, if not started yet)
+    for job_id, node, devices, bound_at, rank_started in s.execute(
+            select(Rank.job_id, Rank.node, Rank.devices, Rank.bound_at, Rank.started_at)
+            .where(Rank.state.not_in(RANK_FINAL))):
         by_job[job_id][node] += len(devices or [])
-    running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at, Job.spec_rev)
+        t = rank_started if rank_started is not None else bound_at
+        if t is not None:
+            last_start[job_id] = max(last_start.get(job_id, t), t)
+    running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at, Job.spec_rev, Job.state)
                              .where(Job.id.in_(list(by_job)))).all()
     shape_of = shapes.read(s, [(r[0], r[1], r[4]) for r in pending_rows] + [(r[0], r[1], r[3]) for r in running_rows])
     pending = []
@@ -151,12 +183,19 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
                                time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ()),
                                waiting_since_s=waiting_since))
     running = []
-    for job_id, _submitted, started_at, _rev in running_rows:
+    ckpt_s, preempted = _preemption_facts(s, now, [r[0] for r in running_rows])
+    for job_id, _submitted, started_at, _rev, state in running_rows:
         start = started_at or now
+        attempt_start = last_start.get(job_id, start)
+        newest = ckpt_s.get(job_id)
         running.append(RunningView(id=job_id, user=shape_of[job_id].user,
                                    devices_by_node=tuple(sorted(by_job[job_id].items())),
                                    end_by_s=max(now, start + shape_of[job_id].time_limit_s),
-                                   preemptible=shape_of[job_id].preemptible))
+                                   started_s=attempt_start,
+                                   checkpoint_s=newest if newest is not None and newest >= attempt_start else None,
+                                   preemptible=shape_of[job_id].preemptible,
+                                   preemptions_last_hour=preempted.get(job_id, 0),
+                                   stopping=state not in ACTIVE))
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())
     shares = dict(s.execute(select(User.name, User.shares)).all())

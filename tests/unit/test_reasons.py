@@ -47,7 +47,7 @@ def test_the_sentences_are_the_words_the_cycle_always_wrote() -> None:
 
 def test_the_kinds_are_the_metrics_label_values_and_bind_failed() -> None:
     assert [k.value for k in ReasonKind] == ["new", "devices_busy", "locality_wait", "reserved", "too_large",
-                                             "data_missing", "queue_order", "requeued", "bind_failed", "held",
+                                             "data_missing", "queue_order", "requeued", "preempted", "bind_failed", "held",
                                              "dependency", "other"]
     assert ReasonKind.DEVICES_BUSY == "devices_busy"  # compares equal to the stored string
 

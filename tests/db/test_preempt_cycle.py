@@ -1,0 +1,113 @@
+"""The cycle acts on the preemption plan (``[policy] preempt``), on SQLite and PostgreSQL alike: the
+victim goes back to PENDING keeping its age and restarts, its ranks are stopped, the events name the
+preemptor and the work lost, ``explain`` shows the preemptor what was taken for it, and a preemptor
+whose victims are still stopping takes nobody else."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy import select
+
+from scheduler.core.clock import FakeClock
+from scheduler.core.lifecycle import RankState
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.server import service as svc
+from scheduler.server.auth import Identity
+from scheduler.server.config import Settings
+from scheduler.server.cycle import run_cycle
+from scheduler.server.views import explain_view
+from scheduler.store.db import Database
+from scheduler.store.models import Checkpoint, Event, Job, Rank, Usage
+from scheduler.store.snapshot_reader import build_snapshot
+from tests.db.test_store import ALICE, SPEC, setup_cluster
+
+BOB = Identity("user", "bob")
+ONE = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+ON = {"preempt": True, "preempt_after_s": 300.0, "min_runtime_s": 600.0}
+
+
+def settings(**policy) -> Settings:  # type: ignore[no-untyped-def]
+    """The nodes stay up without heartbeats (the fake clock jumps by minutes)."""
+    return Settings(heartbeat_ttl_s=1e9, policy=replace(PolicyConfig(locality_wait_s=0), **policy))
+
+
+def _alice_runs_on_both_nodes(db: Database, clock: FakeClock) -> int:
+    """alice's 2-rank job runs on n1 and n2 (one device each) from t=1001; bob exists, alice has used a lot."""
+    setup_cluster(db, clock)
+    with db.session() as s:
+        svc.add_user(s, clock.now(), None, "bob", 1)
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    assert run_cycle(db, settings(), clock.advance(1)).bound == [job_id]
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        job.state, job.started_at = "RUNNING", clock.now()
+        for r in s.scalars(select(Rank).where(Rank.job_id == job_id)):
+            r.state, r.started_at = RankState.RUNNING, clock.now()
+        s.add(Usage(user="alice", device_seconds=1e6, updated_at=clock.now()))
+    return job_id
+
+
+def _events(db: Database, kind: str) -> list[tuple[int | None, str]]:
+    """(job id, words) of each event of ``kind``, oldest first."""
+    with db.read() as s:
+        return [(e.job_id, e.message) for e in s.scalars(select(Event).where(Event.kind == kind).order_by(Event.id))]
+
+
+def test_the_cycle_preempts_the_over_share_job_for_the_waiting_one_keeping_its_age(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    victim = _alice_runs_on_both_nodes(db, clock)
+    with db.session() as s:
+        s.add(Checkpoint(job_id=victim, epoch=1, path="ck/epoch-0001.pt", nodes=["n1", "n2"], bytes=10,
+                         created_at=1500.0))
+    clock.advance(1000)  # t=2001: alice's job ran 1000 s (past min_runtime_s), its checkpoint is 501 s old
+    with db.session() as s:
+        preemptor, _ = svc.submit_job(s, clock.now(), BOB, ONE, None)
+
+    # Off (the default), nobody is preempted however long bob waits.
+    assert run_cycle(db, settings(), clock.advance(400)).counts.get("preempted", 0) == 0
+    assert _events(db, "job.preempt") == []
+    # On, bob has now waited 400 s > preempt_after_s: alice's job is preempted at t=2402.
+    report = run_cycle(db, settings(**ON), clock.advance(1))
+    assert report.counts["preempted"] == 1 and report.bound == []  # bound once alice's ranks exit
+    with db.read() as s:
+        job = s.get(Job, victim)
+        assert job.state == "PENDING" and job.reason == f"preempted for job {preemptor}"
+        assert job.explain["why"]["kind"] == "preempted"
+        assert job.restarts == 0 and job.pending_since == 1000.0  # no restart; it keeps its age
+        assert {r.state for r in s.scalars(select(Rank).where(Rank.job_id == victim))} == {RankState.KILLING}
+        bobs = explain_view(s, s.get(Job, preemptor))
+        assert len(bobs["preemptions"]) == 1 and f"preempted job {victim}" in bobs["preemptions"][0]
+        assert "under their share" in bobs["preemptions"][0]
+        snap = build_snapshot(s, clock.now())
+        assert [(r.id, r.stopping) for r in snap.running] == [(victim, True)]
+    assert _events(db, "job.preempt") == [
+        (victim, f"for job {preemptor}: loses 902 s of work on 2 device(s) since its last checkpoint")]
+    assert [job for job, _ in _events(db, "job.preempting")] == [preemptor]
+
+    # While alice's ranks are stopping their devices count as free for the plan: nobody else is taken.
+    run_cycle(db, settings(**ON), clock.advance(1))
+    assert len(_events(db, "job.preempt")) == 1
+    # Once they exit, bob's job is bound.
+    with db.session() as s:
+        for r in s.scalars(select(Rank).where(Rank.job_id == victim)):
+            r.state = RankState.KILLED
+    assert run_cycle(db, settings(**ON), clock.advance(1)).bound == [preemptor]
+
+
+def test_the_snapshot_gives_a_running_job_its_last_start_checkpoint_and_preemptions(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    job_id = _alice_runs_on_both_nodes(db, clock)
+    with db.session() as s:
+        s.add(Checkpoint(job_id=job_id, epoch=1, path="ck/epoch-0001.pt", nodes=["n1"], bytes=10, created_at=900.0))
+        s.add(Event(time=clock.now() - 4000, actor="server", kind="job.preempt", job_id=job_id))  # over an hour ago
+        s.add(Event(time=clock.now() - 100, actor="server", kind="job.preempt", job_id=job_id))
+    with db.read() as s:
+        (r,) = build_snapshot(s, clock.now()).running
+    # the checkpoint predates this attempt's start: all work since the start would be lost
+    assert (r.started_s, r.checkpoint_s, r.preemptions_last_hour, r.stopping) == (1001.0, None, 1, False)
+    with db.session() as s:
+        s.add(Checkpoint(job_id=job_id, epoch=2, path="ck/epoch-0002.pt", nodes=["n1"], bytes=10, created_at=1001.5))
+    with db.read() as s:
+        (r,) = build_snapshot(s, clock.now()).running
+    assert r.checkpoint_s == 1001.5
