@@ -17,6 +17,15 @@ Who may preempt whom, with ``F`` each user's fair-share factor over the account 
 - a victim: active (not stopping), running at least ``min_runtime_s`` since it last started, ``preemptible``, preempted
   fewer than ``preempt_max_per_hour`` times in the last hour, its user over their share (``F < 0.5``).
 
+Held shares (Kueue's two fair-sharing preemption strategies): with ``H(u)`` the devices ``u``'s active
+jobs hold and ``S(u)`` ``u``'s normalised share, victims of user ``v`` may be taken for a job of user
+``p`` only if ``P = (H(p) + the job's devices) / S(p)`` is at most ``(H(v) - the victims' devices) /
+S(v)`` (after the preemption the preemptor's user holds no more for their share than the victim's:
+Kueue's LessThanOrEqualToFinalShare) or less than ``H(v) / S(v)`` (than the victim's user held before:
+LessThanInitialShare).  The factor looks at decayed past usage; this looks at what is held now, so a
+user who already holds as much for their share preempts nobody, and the victim's user can never preempt
+straight back: that would need ``H(v) / S(v) <= P`` or ``< P``, which either condition rules out.
+
 Victims are taken in the order: least work lost since their last checkpoint first (in steps of
 :data:`LOST_TIE_S`), then among equals those whose nodes hold most of the preemptor's data, then job
 id; only until the preemptor fits, and none that turns out unneeded.  A job that would not fit even
@@ -30,10 +39,12 @@ since it last started and is preempted at most ``preempt_max_per_hour`` times an
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler.core.fairshare import queue_order, snapshot_factors
+from scheduler.core.fairshare import queue_order, snapshot_factors, snapshot_shares
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, RunningView, Snapshot
 
@@ -96,12 +107,39 @@ def eligible_victims(snap: Snapshot, cfg: PolicyConfig, factors: Mapping[str, fl
             and r.preemptions_last_hour < cfg.preempt_max_per_hour]
 
 
+def held_devices(snap: Snapshot) -> dict[str, int]:
+    """Devices each user's active (not stopping) running jobs hold."""
+    held: dict[str, int] = defaultdict(int)
+    for r in snap.running:
+        if not r.stopping:
+            held[r.user] += _devices(r)
+    return held
+
+
+def _held_share(devices: float, share: float) -> float:
+    if devices <= 0:
+        return 0.0
+    return devices / share if share > 0 else math.inf
+
+
+def _fair(mine: float, victims: list[RunningView], held: Mapping[str, int], shares: Mapping[str, float]) -> bool:
+    """Whether, with ``victims`` preempted, each victim's user still holds at least ``mine`` (what the
+    preemptor's user would hold for their share) for theirs, or held more than ``mine`` before."""
+    taken_from: dict[str, int] = defaultdict(int)
+    for r in victims:
+        taken_from[r.user] += _devices(r)
+    return all(mine <= _held_share(held[u] - d, shares.get(u, 0.0)) or mine < _held_share(held[u], shares.get(u, 0.0))
+               for u, d in taken_from.items())
+
+
 def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
     """The preemptions of this cycle (see the module doc); empty when ``cfg.preempt`` is off."""
     if not cfg.preempt:
         return []
     users = [j.user for j in snap.pending] + [r.user for r in snap.running]
     factors = snapshot_factors(snap, users)
+    shares = snapshot_shares(snap, users)
+    held = held_devices(snap)
     ordered, _, _ = queue_order(snap, cfg)
     free = {n: v.free for n, v in snap.nodes.items()}
     for r in snap.running:  # devices of stopping jobs (earlier victims among them) are free once they exit
@@ -124,9 +162,12 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
                            -sum(d for n, d in r.devices_by_node if n in holders), r.id))
         chosen: list[RunningView] = []
         trial = dict(free)
+        mine = _held_share(held[job.user] + job.devices, shares.get(job.user, 0.0))
         for r in candidates:
             if fits(job, trial):
                 break
+            if not _fair(mine, [r], held, shares):
+                continue  # even alone, taking r would leave r's user holding less for their share
             chosen.append(r)
             for n, d in r.devices_by_node:
                 if n in trial:
@@ -141,8 +182,13 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
             if fits(job, without):
                 chosen.remove(r)
                 trial = without
+        if not _fair(mine, chosen, held, shares):
+            continue  # all the victims it needs would leave their users below the preemptor's
         _take(job, trial)
         free = trial
+        held[job.user] += job.devices
+        for r in chosen:
+            held[r.user] -= _devices(r)
         taken = {r.id for r in chosen}
         pool = [r for r in pool if r.id not in taken]
         lost = sum(lost_work_s(r, snap.now_s) * _devices(r) for r in chosen)

@@ -24,7 +24,8 @@ that can read their data locally go first):
    reaches the head of the queue long after it was submitted, and a wait counted from submission
    would be over before it began (the Philly replay: local reads 0.945 -> 0.952, bytes moved
    2.25 -> 1.98 TB).  Waiting holds nothing, so others (lower in the queue, whose data is there)
-   may use those devices meanwhile.
+   may use those devices meanwhile.  A job others were preempted for (``JobView.preempting``) does
+   not wait: it is first in the order and takes the devices freed for it.
 4. Otherwise it binds the best fitting candidate (whole gang, devices taken from the ledger).
 5. **Reservation**: the first job in that order that fits nowhere and has been pending at least
    ``reserve_min_wait_s`` (Slurm's ``bf_min_age_reserve``; or ``max_wait_s``) gets a reservation: the
@@ -96,12 +97,16 @@ def break_ties_by_cost(
     the priority order.  So a job can only be passed by jobs at most ``tol`` below it: the same
     user's jobs that became pending at most ``tie_window_s`` after it (and, with ``tie_fairshare``,
     older ones), or jobs of users whose fair-share factor is at most ``tol / fairshare_weight`` below.
-    The starvation bound (:func:`starving_first`) is applied after this order, so nobody waits past
+    Jobs others were preempted for (``JobView.preempting``, first in the queue order) stay first and
+    out of the groups.  The starvation bound (:func:`starving_first`) is applied after this order, so nobody waits past
     ``max_wait_s``; the usage a passing job adds lowers its user's factor, so the passing corrects
     itself over the next cycles.
     """
     tol = (cfg.age_weight * cfg.tie_window_s / cfg.age_max_s if cfg.age_max_s > 0 else 0.0) + (
         cfg.fairshare_weight * max(0.0, cfg.tie_fairshare))
+    first = [j for j in ordered if j.preempting]  # queue_order put them first: nobody passes them
+    if first:
+        return first + break_ties_by_cost([j for j in ordered if not j.preempting], prios, candidates, cfg)
     if tol <= 0 or len(ordered) < 2:
         return list(ordered)
 
@@ -224,7 +229,7 @@ class TwoStageArbiter:
                 continue
 
             best = fitting[0]  # candidates come best first (candidate_order), and fitting keeps their order
-            if best.transfer_cost_ms > cfg.locality_threshold_ms:
+            if best.transfer_cost_ms > cfg.locality_threshold_ms and not job.preempting:
                 since = job.waiting_since_s if job.waiting_since_s is not None else now
                 until = since + cfg.locality_wait_s
                 if now < until:

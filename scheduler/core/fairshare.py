@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from scheduler.core.accounts import tree_factors
+from scheduler.core.accounts import share_tree, tree_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, Snapshot
 
@@ -96,6 +96,14 @@ def user_factors(
     }
 
 
+def snapshot_shares(snapshot: Snapshot, users: Iterable[str] = ()) -> dict[str, float]:
+    """Every user's normalised share (``S_norm``) over the snapshot's account tree, flat without one."""
+    if not snapshot.accounts and not snapshot.user_account:
+        return normalized_shares(snapshot.shares, [*snapshot.usage, *users])
+    return {r.user: r.norm_shares for r in share_tree(snapshot.accounts, snapshot.user_account, snapshot.usage,
+                                                      snapshot.shares, users) if r.user is not None}
+
+
 def snapshot_factors(snapshot: Snapshot, users: Iterable[str] = ()) -> dict[str, float]:
     """The factor of every user of the snapshot (and of ``users``) over its account tree."""
     if not snapshot.accounts and not snapshot.user_account:
@@ -134,8 +142,10 @@ def order_key(job: JobView, prio: float) -> tuple[float, float, int]:
 def queue_order(
     snapshot: Snapshot, cfg: PolicyConfig
 ) -> tuple[list[JobView], dict[int, float], dict[int, float]]:
-    """Pending jobs in fair-share order, with each job's priority and fair-share factor by job id."""
+    """Pending jobs in fair-share order, with each job's priority and fair-share factor by job id.
+    Jobs that others were preempted for (``JobView.preempting``) come first, in that order among them:
+    the devices freed for them are theirs."""
     factors = snapshot_factors(snapshot, (j.user for j in snapshot.pending))
     prios = {j.id: priority(j, snapshot, cfg, factors) for j in snapshot.pending}
-    ordered = sorted(snapshot.pending, key=lambda j: order_key(j, prios[j.id]))
+    ordered = sorted(snapshot.pending, key=lambda j: (not j.preempting, *order_key(j, prios[j.id])))
     return ordered, prios, {j.id: factors[j.user] for j in snapshot.pending}

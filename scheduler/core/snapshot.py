@@ -40,6 +40,9 @@ class JobView:
     the age factor counts from it.  ``waiting_since_s`` is when it first waited for locality since
     then (None: not yet): the locality wait counts from it.  ``submit_s`` keeps the original order.
     ``prefer_nodes`` are nodes that hold the job's last checkpoint (resume is cheaper there).
+    ``preempting``: jobs were preempted for it since it became pending (``policies.preemption``); it
+    goes first in the queue (``fairshare.queue_order``) and does not wait for locality, so the devices
+    taken for it are not given to another job.
     """
 
     id: int
@@ -52,6 +55,7 @@ class JobView:
     time_limit_s: float
     prefer_nodes: tuple[str, ...] = ()
     waiting_since_s: float | None = None
+    preempting: bool = False
 
     @property
     def devices(self) -> int:

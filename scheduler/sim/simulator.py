@@ -517,6 +517,9 @@ class Simulation:
             for p in plans:
                 for victim in p.victims:
                     self._preempt(self.running[victim], now)
+                preemptor = self.pending[p.job]
+                if preemptor.view is not None:
+                    preemptor.view = replace(preemptor.view, preempting=True)
             if plans:
                 snap = self.snapshot(now)
             # waits pass preempt_after_s and runs pass min_runtime_s without an event: look again

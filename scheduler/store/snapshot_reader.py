@@ -17,7 +17,15 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.accounts import AccountView
 from scheduler.core.jobspec import stored
-from scheduler.core.lifecycle import ACTIVE, PREEMPT_EVENT, RANK_FINAL, JobState, NodeState, ReplicaState
+from scheduler.core.lifecycle import (
+    ACTIVE,
+    PREEMPT_EVENT,
+    PREEMPTING_EVENT,
+    RANK_FINAL,
+    JobState,
+    NodeState,
+    ReplicaState,
+)
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
 from scheduler.store.binder import busy_devices
 from scheduler.store.models import (
@@ -175,13 +183,16 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> S
     running_rows = s.execute(select(Job.id, Job.submitted_at, Job.started_at, Job.spec_rev, Job.state)
                              .where(Job.id.in_(list(by_job)))).all()
     shape_of = shapes.read(s, [(r[0], r[1], r[4]) for r in pending_rows] + [(r[0], r[1], r[3]) for r in running_rows])
+    # pending jobs that others were preempted for since they became pending (scheduler.server.preempt)
+    preempting = set(s.scalars(select(Event.job_id).join(Job, Job.id == Event.job_id).where(
+        Event.kind == PREEMPTING_EVENT, Job.state == JobState.PENDING, Event.time >= Job.pending_since)))
     pending = []
     for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
         shape = shape_of[job_id]
         pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
                                dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,
                                time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ()),
-                               waiting_since_s=waiting_since))
+                               waiting_since_s=waiting_since, preempting=job_id in preempting))
     running = []
     ckpt_s, preempted = _preemption_facts(s, now, [r[0] for r in running_rows])
     for job_id, _submitted, started_at, _rev, state in running_rows:

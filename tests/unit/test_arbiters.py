@@ -3,6 +3,8 @@
 Shards are 1 GB: 320 ms from another node of the rack, 800 ms from another rack (see builders).
 """
 
+from dataclasses import replace
+
 import pytest
 
 from policies.registry import ARBITERS, get_arbiter
@@ -121,6 +123,29 @@ def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_
     assert texts(d.reasons) == {1: "waiting for locality until t=5030s"} and d.waiting == {1: 5000}
     _, d = decided(locality_snapshot(5030, waiting_since_s=5000), cfg)
     assert bound_nodes(d) == {1: {"b": 1}}
+
+
+def test_a_job_others_were_preempted_for_goes_first_and_does_not_wait_for_locality() -> None:
+    # As the locality test at t=110 (waiting until 130), but jobs were preempted for job 1: it takes b
+    # at once, staging from a (320 ms), ahead of bob's job 2 whose user has used nothing (factor 1
+    # against alice's 2^-2 = 0.25 would put job 2 first).
+    base = locality_snapshot(110)
+    snap = (cluster()
+            .node("a", rack="r1", free=0).holds("d", shards=[0])
+            .node("b", rack="r1", devices=1)
+            .running(9, "carol", {"a": 4}, end_by_s=10_000)
+            .usage(alice=100.0, bob=0.0)
+            .pending(replace(base.pending[0], preempting=True), job(2, user="bob", submit_s=100))
+            .at(110)
+            .build())  # fmt: skip
+    _, d = decided(snap, PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    assert d.order == [1, 2]
+    assert bound_nodes(d) == {1: {"b": 1}} and d.bindings[1].transfer_cost_ms == 320
+    assert d.waiting == {}
+    # Without the mark, bob's job goes first and takes b; job 1 would have waited for locality.
+    _, d = decided(replace(snap, pending=(base.pending[0], snap.pending[1])),
+                   PolicyConfig(locality_wait_s=30, locality_threshold_ms=0))
+    assert d.order == [2, 1] and bound_nodes(d) == {2: {"b": 1}}
 
 
 def test_no_wait_when_the_cost_is_under_the_threshold() -> None:

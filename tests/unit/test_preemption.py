@@ -110,12 +110,36 @@ def test_users_under_their_share_are_never_victims_and_over_it_never_preempt() -
 
 
 def test_two_waiting_jobs_do_not_count_the_same_devices() -> None:
-    # bob's jobs 10 and 11 each need 4: two victims, one each, not the same one twice
-    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+    # alice holds four nodes of 4; bob's jobs 10 and 11 each need 4: two victims, one each, not the same
+    # one twice.  Held shares (equal shares, S = 0.5): job 10, bob 4 / 0.5 = 8 <= alice (16 - 4) / 0.5
+    # = 24; job 11, bob (4 + 4) / 0.5 = 16 <= alice (12 - 4) / 0.5 = 16.
+    snap = (full().node("n3", free=0).node("n4", free=0)
+            .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
             .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+            .running(3, "alice", {"n3": 4}, 1e9, started_s=0, checkpoint_s=NOW - 300)
+            .running(4, "alice", {"n4": 4}, 1e9, started_s=0, checkpoint_s=NOW - 400)
             .pending(bobs_job(), replace(bobs_job(), id=11)).build())
     plans = plan_preemptions(snap, ON)
     assert [(p.job, p.victims) for p in plans] == [(10, (1,)), (11, (2,))]
+
+
+def test_no_victim_that_would_leave_its_user_holding_less_for_their_share_than_the_preemptor() -> None:
+    # alice holds 8 on two nodes.  bob's first job takes one of them: 4 / 0.5 = 8 <= (8 - 4) / 0.5.  His
+    # second would leave alice 0 against his 8: refused, though alice is over her share by usage.
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+            .pending(bobs_job(), replace(bobs_job(), id=11)).build())
+    assert [(p.job, p.victims) for p in plan_preemptions(snap, ON)] == [(10, (1,))]
+    # bob already holding 4 elsewhere (n3): his job would give him 8 against alice's 4: refused.
+    snap = (full().node("n3", free=0)
+            .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+            .running(5, "bob", {"n3": 4}, 1e9, started_s=0)
+            .pending(bobs_job()).build())
+    assert plan_preemptions(snap, ON) == []
+    # With alice holding a third node, bob's 8 <= alice's (12 - 4) = 8 (equal shares): allowed.
+    snap = replace(snap, running=(*snap.running, RunningView(6, "alice", (("n4", 4),), 1e9, started_s=0)))
+    assert [p.victims for p in plan_preemptions(snap, ON)] == [(1,)]
 
 
 # ---------------------------------------------------------------- no ping-pong, over random clusters
