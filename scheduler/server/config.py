@@ -70,6 +70,9 @@ class Settings:
     # Single-team mode: every [run] job runs as the agents' own account, whatever its user (no
     # `gsched user ... --unix-user` mapping needed).  False: a [run] job needs its user's mapping.
     run_as_agent_user: bool = False
+    # Who may submit a job with [limits] preemptible = false (never a victim of preemption): admins
+    # always; these users too ("*": every user).
+    non_preemptible_users: list[str] = field(default_factory=list)
 
     @property
     def scheme(self) -> str:

@@ -11,6 +11,7 @@ import secrets
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -205,7 +206,7 @@ SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its 
 
 def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
                dependency: str | None = None, array: str | None = None,
-               single_team: bool = False) -> tuple[int, bool]:
+               single_team: bool = False, non_preemptible: Sequence[str] = ()) -> tuple[int, bool]:
     """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
 
     With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
@@ -214,7 +215,9 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     per index, the same but for it; the id returned is the first's, which is the array's id
     (``array_members`` lists them all).
     A ``[run]`` job is refused unless its user has a Unix account to run as, or ``single_team`` (the
-    server's ``run_as_agent_user``) runs every job as the agents' account.
+    server's ``run_as_agent_user``) runs every job as the agents' account.  ``[limits] preemptible =
+    false`` is for admins and the users ``non_preemptible`` names (the server's ``non_preemptible_users``;
+    ``*``: everyone).
     """
     require_person(who)
     if client_request_id is not None:
@@ -234,6 +237,9 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
             raise Unprocessable(f"run: user {who.name} has no Unix account to run a [run] job as: an admin maps "
                                 f"one with `gsched user set {who.name} --unix-user ACCOUNT` (or runs the server "
                                 f"in single-team mode, run_as_agent_user = true)", "run")
+    if not spec.limits.preemptible and not who.is_admin and not {"*", who.name} & set(non_preemptible):
+        raise Forbidden(f"limits.preemptible: user {who.name} may not opt out of preemption: an admin lists "
+                        "the users who may in the server's non_preemptible_users", "limits.preemptible")
     per_node, total = cluster_limits(s)
     need = spec.resources.ranks * spec.resources.gpus_per_rank
     if spec.resources.gpus_per_rank > per_node:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import func, select
 
 from scheduler.core.clock import FakeClock
+from scheduler.core.errors import Forbidden
 from scheduler.core.lifecycle import RankState
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server import service as svc
 from scheduler.server.auth import Identity
-from scheduler.server.config import Settings
+from scheduler.server.config import ConfigError, Settings, load_settings
 from scheduler.server.cycle import run_cycle
 from scheduler.server.views import explain_view
 from scheduler.store.db import Database
@@ -111,3 +113,32 @@ def test_the_snapshot_gives_a_running_job_its_last_start_checkpoint_and_preempti
     with db.read() as s:
         (r,) = build_snapshot(s, clock.now()).running
     assert r.checkpoint_s == 1001.5
+
+
+def test_only_admins_and_the_listed_users_may_submit_a_job_that_is_never_preempted(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    keep = {**SPEC, "limits": {"time": "1h", "preemptible": False}}
+    with db.session() as s, pytest.raises(Forbidden) as refused:
+        svc.submit_job(s, clock.now(), ALICE, keep, None)
+    assert refused.value.field == "limits.preemptible" and "non_preemptible_users" in str(refused.value)
+    with db.read() as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == 0  # nothing stored
+    with db.session() as s:
+        svc.submit_job(s, clock.now(), ALICE, keep, None, non_preemptible=["alice"])
+        svc.submit_job(s, clock.now(), ALICE, keep, None, non_preemptible=["*"])
+        svc.submit_job(s, clock.now(), Identity("admin", "admin"), keep, None)
+        with pytest.raises(Forbidden):
+            svc.submit_job(s, clock.now(), ALICE, keep, None, non_preemptible=["bob"])
+    with db.read() as s:
+        assert [j.spec["limits"]["preemptible"] for j in s.scalars(select(Job).order_by(Job.id))] == [False] * 3
+
+
+def test_the_server_config_lists_who_may_opt_out_of_preemption(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "gsched.toml"
+    cfg.write_text('non_preemptible_users = ["alice", "bob"]\n')
+    assert load_settings(cfg).non_preemptible_users == ["alice", "bob"]
+    assert load_settings(None).non_preemptible_users == []  # admins only
+    cfg.write_text('non_preemptible_users = "alice"\n')
+    with pytest.raises(ConfigError, match="non_preemptible_users"):
+        load_settings(cfg)

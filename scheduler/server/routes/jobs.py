@@ -45,7 +45,8 @@ async def submit(body: JobSubmit, request: Request) -> JSONResponse:
 
     def call(s: Any, now: float) -> tuple[int, bool, list[int]]:
         job_id, created = svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id,
-                                         body.dependency, body.array, single_team=ctx.settings.run_as_agent_user)
+                                         body.dependency, body.array, single_team=ctx.settings.run_as_agent_user,
+                                         non_preemptible=ctx.settings.non_preemptible_users)
         return job_id, created, svc.array_members(s, job_id) if body.array else [job_id]
 
     job_id, created, ids = await asyncio.wrap_future(ctx.submits.submit(call))
