@@ -283,6 +283,11 @@ def test_explain_prints_reason_and_candidates(utc: None) -> None:
     assert "why pending: waiting for locality for 20s more" in out
     assert "n1x1,n2x1" in out and "800 ms" in out and "costs 800 ms > 500 ms" in out
     assert f"t={T + 20:.0f}s" not in out  # the candidate's time too is read from its data, as a duration
+    assert "preemption" not in out
+    doc["preemptions"] = ["preempted job 3: carol is under their share (factor 1.00) and waited 400 s: "
+                          "would preempt job 3 (alice, loses 120 s)"]
+    out = screen_of(lambda c: explain(doc, c), 200)
+    assert "preemption: preempted job 3: carol is under their share" in out and "loses 120 s" in out
 
 
 def screen_of(draw: Any, width: int) -> str:
