@@ -76,7 +76,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
         report.counts["dependencies"] = phase("dependencies", lambda: settle_dependencies(s, now))
     with db.read() as s:  # 4
-        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes))
+        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes, settings.disk_floor_bytes))
     arbiter = get_arbiter(settings.policy.arbiter)  # 5
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy, arbiter))
     report.counts["pending"] = len(snap.pending)
@@ -110,7 +110,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         nudge(placed)
     with db.session() as s:  # 8
         report.counts["replications"] = phase(
-            "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
+            "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency,
+                                                        settings.disk_floor_bytes))
     report.counts["explained"] = phase(  # 9
         "report", lambda: write_report(db, now, snap, candidates, decision, report, memory, leader))
     thinned = phase("thin", lambda: thin_history_if_due(db, now, memory))  # 10

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.accounts import AccountView
+from scheduler.core.diskfloor import under_floor
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import ACTIVE, PREEMPT_EVENT, RANK_FINAL, JobState, NodeState, ReplicaState
 from scheduler.core.snapshot import JobView, NodeView, RunningView, ShardView, Snapshot
@@ -127,19 +128,24 @@ def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[
     return ckpt, preempted
 
 
-def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
+def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk_floor_bytes: int = 0) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
     jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
-    ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec)."""
+    ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec).  Nodes drained or whose
+    reported free disk is under ``disk_floor_bytes`` (``scheduler.core.diskfloor``) are left out: they
+    take no new ranks, and their copies are not read from (as a drained node's)."""
     shapes = shapes if shapes is not None else JobShapes()
     busy = busy_devices(s)
     healthy: dict[str, int] = defaultdict(int)
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == NodeState.UP, Node.drained_at.is_(None))
-                                .order_by(Node.name)):  # a drained node takes no new ranks
+    for name, rack, free_bytes in s.execute(select(Node.name, Node.rack, Node.free_bytes)
+                                            .where(Node.state == NodeState.UP, Node.drained_at.is_(None))
+                                            .order_by(Node.name)):  # a drained node takes no new ranks
+        if under_floor(free_bytes, disk_floor_bytes):
+            continue  # nor does one whose disk is nearly full
         devs = healthy.get(name, 0)
         nodes[name] = NodeView(name=name, rack=rack, devices=devs, free=max(0, devs - len(busy[name])))
     shards: dict[str, list[ShardView]] = defaultdict(list)

@@ -73,7 +73,7 @@ def queue(request: Request, all: bool = False, user: UserName = None, state: Sta
     f = JobFilter.of(user=user, states=state, name=name, limit=limit, after=after, ended_after=ended_after)
     with ctx.db.read() as s:
         return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all or bool(f.states) or ended_after is not None,
-                          where=f)
+                          where=f, disk_floor_bytes=ctx.settings.disk_floor_bytes)
 
 
 @routes.route("GET", "/v1/history", PERSON)
@@ -96,8 +96,9 @@ def show(job_id: JobId, request: Request) -> dict[str, Any]:
 
 @routes.route("GET", "/v1/jobs/{job_id}/explain", PERSON)
 def explain(job_id: JobId, request: Request) -> dict[str, Any]:
-    with context(request).db.read() as s:
-        return explain_view(s, svc.get_job(s, job_id))
+    ctx = context(request)
+    with ctx.db.read() as s:
+        return explain_view(s, svc.get_job(s, job_id), ctx.settings.disk_floor_bytes)
 
 
 @routes.route("POST", "/v1/jobs/{job_id}/cancel", JOB_OWNER)

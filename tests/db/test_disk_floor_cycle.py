@@ -1,0 +1,77 @@
+"""The disk floor in the cycle, on a real database (SQLite and PostgreSQL, ``db``) with a fake clock: a
+node whose agent reports free disk under ``disk_floor_gb`` takes no new ranks (the snapshot leaves it
+out), no re-replication copy and no copy of a new data set; ``gsched nodes`` and ``gsched explain``
+say why; once it reports more it takes work again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy import select
+
+from scheduler.core.clock import FakeClock
+from scheduler.server import service as svc
+from scheduler.server.api_models import DatasetIn
+from scheduler.server.auth import Identity
+from scheduler.server.cycle import run_cycle
+from scheduler.server.datastore import register_dataset
+from scheduler.server.heartbeat import process_heartbeat
+from scheduler.server.replication import schedule_replication
+from scheduler.server.views import explain_view
+from scheduler.store.db import Database
+from scheduler.store.models import Dataset, Job, Transfer
+from tests.db.test_store import ALICE, SHA, SPEC, heartbeat, settings, setup_cluster
+
+MB = 1_000_000
+FLOOR = 30 * MB  # disk_floor_gb = 0.03
+ONE = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+LOW = "low disk: 12.0 MB free, under the 30.0 MB floor (disk_floor_gb)"
+
+
+def report_free(db: Database, clock: FakeClock, node: str, free_bytes: int) -> None:
+    with db.session() as s:
+        hb = heartbeat(node).model_copy(update={"free_bytes": free_bytes})
+        process_heartbeat(s, clock.now(), Identity("agent", node), hb)
+
+
+def test_a_node_under_the_floor_takes_no_rank_and_says_why_until_it_has_room_again(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)  # n1 and n2, one device each, both holding data set d
+    floor = replace(settings(), disk_floor_gb=0.03)
+    report_free(db, clock, "n1", 12 * MB)  # under the floor
+    report_free(db, clock, "n2", 200 * MB)
+    with db.session() as s:
+        first, _ = svc.submit_job(s, clock.now(), ALICE, ONE, None)
+        second, _ = svc.submit_job(s, clock.now(), ALICE, ONE, None)
+    report = run_cycle(db, floor, clock.advance(1))
+    assert report.bound == [first]  # one free device left in the snapshot: n2's
+    with db.read() as s:
+        assert svc.job_detail(s, s.get(Job, first))["ranks"][0]["node"] == "n2"
+        rows = {n["name"]: n for n in svc.node_rows(s, floor.disk_floor_bytes)}
+        assert rows["n1"]["low_disk"] == LOW and rows["n2"]["low_disk"] == ""
+        doc = explain_view(s, s.get(Job, second), floor.disk_floor_bytes)
+    assert doc["state"] == "PENDING" and doc["left_out"] == [{"node": "n1", "reason": LOW}]
+    report_free(db, clock, "n1", 40 * MB)  # room again: n1 takes the second job
+    assert run_cycle(db, floor, clock.advance(1)).bound == [second]
+    with db.read() as s:
+        assert svc.job_detail(s, s.get(Job, second))["ranks"][0]["node"] == "n1"
+
+
+def test_no_copy_goes_to_a_node_under_the_floor(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)  # n1 and n2 hold data set d (2 shards of 1000 bytes)
+    for n, free in (("n1", 200 * MB), ("n2", 200 * MB), ("n3", 12 * MB)):  # n3 holds nothing: the least loaded
+        report_free(db, clock, n, free)
+    with db.session() as s:  # a new data set of 2 copies: n1 and n2, not the emptier n3
+        out = register_dataset(s, clock.now(), ALICE, DatasetIn(
+            name="e", classes=2, image_shape=[8, 8, 1], replicas=2,
+            shards=[{"index": 0, "bytes": MB, "sha256": SHA, "samples": 10}]), FLOOR)
+    assert sorted(u["node"] for u in out["uploads"]) == ["n1", "n2"]
+    with db.session() as s:  # d now wants 3 copies: n3 is the only node without one, and takes none
+        s.get(Dataset, "d").replicas_required = 3
+    with db.session() as s:
+        assert schedule_replication(s, clock.now(), 16, FLOOR) == 0
+        assert s.scalars(select(Transfer)).all() == []
+    with db.session() as s:  # without the floor both shards would be copied to n3
+        assert schedule_replication(s, clock.now(), 16, 0) == 2
+        assert {t.dst for t in s.scalars(select(Transfer))} == {"n3"}
