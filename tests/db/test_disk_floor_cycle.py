@@ -19,7 +19,7 @@ from scheduler.server.heartbeat import process_heartbeat
 from scheduler.server.replication import schedule_replication
 from scheduler.server.views import explain_view
 from scheduler.store.db import Database
-from scheduler.store.models import Dataset, Job, Transfer
+from scheduler.store.models import Dataset, Event, Job, Transfer
 from tests.db.test_store import ALICE, SHA, SPEC, heartbeat, settings, setup_cluster
 
 MB = 1_000_000
@@ -75,3 +75,25 @@ def test_no_copy_goes_to_a_node_under_the_floor(db: Database) -> None:
     with db.session() as s:  # without the floor both shards would be copied to n3
         assert schedule_replication(s, clock.now(), 16, 0) == 2
         assert {t.dst for t in s.scalars(select(Transfer))} == {"n3"}
+
+
+def test_crossing_the_floor_is_an_event_and_a_node_under_it_is_no_mirror_peer(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        svc.submit_job(s, clock.now(), ALICE, ONE, None)
+    run_cycle(db, settings(), clock.advance(1))  # a rank on n1 (by name): its heartbeat names mirror peers
+
+    def beat(node: str, free_bytes: int) -> dict:  # type: ignore[type-arg]
+        with db.session() as s:
+            hb = heartbeat(node).model_copy(update={"free_bytes": free_bytes})
+            return process_heartbeat(s, clock.advance(1), Identity("agent", node), hb, disk_floor_bytes=FLOOR)
+
+    assert [p["name"] for p in beat("n1", 200 * MB)["peers"]] == ["n2"]
+    beat("n2", 12 * MB)
+    assert beat("n1", 200 * MB)["peers"] == []  # n2 is under the floor: no mirror there
+    beat("n2", 40 * MB)
+    with db.read() as s:
+        events = [(e.kind, e.node, e.message) for e in s.scalars(select(Event).where(Event.kind.like("node.%disk%"))
+                                                                 .order_by(Event.id))]
+    assert events == [("node.low_disk", "n2", LOW), ("node.disk_ok", "n2", "n2: free disk above the floor again")]
