@@ -20,13 +20,14 @@ from sqlalchemy.orm import Session
 from scheduler.core.diskfloor import under_floor
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import default_span, lay_out, reported_room
+from scheduler.core.replicas import default_span, lay_out
 from scheduler.protocol.messages import DATASET
 from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
 from scheduler.store.models import Dataset, Device, Node, Replica, Shard, Transfer
+from scheduler.store.room_reader import node_room
 
 
 def valid_dataset_name(name: str) -> bool:
@@ -113,7 +114,7 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn, dis
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
     plan = lay_out([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, span=span,
-                   node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
+                   node_bytes=_node_bytes(s), room=node_room(s, ((n.name, n.free_bytes) for n in up_nodes)))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

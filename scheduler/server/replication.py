@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.diskfloor import under_floor
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.core.replicas import place_replicas
 from scheduler.server.service import record
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+from scheduler.store.room_reader import node_room
 
 IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication copy not yet over
 # A copy the server expects on a node (an upload of `data make`, a file `data add` links) counts as
@@ -40,7 +41,7 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
                if at is not None or under_floor(free, disk_floor_bytes)}
     if not up:
         return 0
-    room = reported_room((name, free) for name, _, free, _ in rows)
+    room: dict[str, int] | None = None  # read once a copy is wanted: less transfers in flight and checkpoints
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT)))}
@@ -79,6 +80,8 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
         repair = [node for node, state in rs if state in (ReplicaState.CORRUPT, ReplicaState.MISSING) and node in up_names
                   and node not in have]
         group = {n: b - (size if n in have else 0) for n, b in ds_bytes[ds].items()}
+        if room is None:
+            room = node_room(s, ((name, free) for name, _, free, _ in rows))
         plan = place_replicas([(index, size)], up, want, exclude=drained, existing={index: have}, node_bytes=node_bytes,
                               group_bytes=group, room=room)
         targets = [n for n in plan.get(index, []) if n not in have]
