@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-transfer-mbps", type=float, default=0.0,
                    help="megabits a second this agent's copies receive and its data server sends, in all "
                         "(default 0: no limit)")
+    a.add_argument("--job-retention", default="7d", metavar="DURATION",
+                   help="keep a finished job's directory on this node (final checkpoint, metrics, logs) this long "
+                        "after the job ended, then remove it; gsched fetch JOB saves them first (default 7d; "
+                        "'forever' keeps them)")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
@@ -359,6 +363,16 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from agents.agent import main as agent_main
+    from scheduler.core.durations import parse_duration
+
+    if args.job_retention == "forever":
+        args.job_retention_s = None
+    else:
+        try:
+            args.job_retention_s = float(parse_duration(args.job_retention))
+        except ValueError as e:
+            print(f"gsched agent: --job-retention {args.job_retention}: {e}", file=sys.stderr)
+            return exitcodes.USAGE
 
     return agent_main(args)
 

@@ -52,6 +52,7 @@ from scheduler.protocol.messages import (
     TransferOrder,
 )
 from scheduler.server.auth import Identity
+from scheduler.server.retention import ended_jobs
 from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
 from scheduler.store.effects import move
 from scheduler.store.models import (
@@ -117,7 +118,10 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         if job is not None:
             sync_job(s, now, job, failure_grace_s)
     s.flush()
-    return _reply(s, hb.node, kill, here, single_team, disk_floor_bytes)
+    out = _reply(s, hb.node, kill, here, single_team, disk_floor_bytes)
+    if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
+        out["ended"] = ended_jobs(s, now, hb.job_dirs)
+    return out
 
 
 def _devices(s: Session, hb: Heartbeat) -> None:

@@ -97,3 +97,4 @@ def test_crossing_the_floor_is_an_event_and_a_node_under_it_is_no_mirror_peer(db
         events = [(e.kind, e.node, e.message) for e in s.scalars(select(Event).where(Event.kind.like("node.%disk%"))
                                                                  .order_by(Event.id))]
     assert events == [("node.low_disk", "n2", LOW), ("node.disk_ok", "n2", "n2: free disk above the floor again")]
+
