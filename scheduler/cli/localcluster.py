@@ -47,6 +47,7 @@ class NodeSpec:
     rendezvous_ports: str | None = None  # default: a block of its own (rendezvous_block())
     rendezvous_wait_s: float | None = None
     max_transfer_mbps: float | None = None  # the agent's bandwidth bound (default: none)
+    job_retention: str | None = None  # the agent's --job-retention (default: the agent's, 7d)
 
 
 # The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
@@ -149,6 +150,8 @@ class LocalCluster:
         wait = [] if spec.rendezvous_wait_s is None else ["--rendezvous-wait-s", str(spec.rendezvous_wait_s)]
         if spec.max_transfer_mbps is not None:
             wait += ["--max-transfer-mbps", str(spec.max_transfer_mbps)]
+        if spec.job_retention is not None:
+            wait += ["--job-retention", spec.job_retention]
         self._spawn(f"agent-{node}", ["agent", "--server", self.url, "--node", node, "--rack", spec.rack,
                                       "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
                                       "--heartbeat-s", str(self.heartbeat_s),

@@ -33,6 +33,7 @@ VERBS = {
     "requeue": "stop running jobs and put them back in the queue (they resume from their last checkpoint)",
     "update": "change jobs' time limit (a running job's only down) or a pending job's name",
     "logs": "a job's rank logs (--follow to stream)",
+    "fetch": "save a job's final checkpoint (verified), metrics and logs before the nodes remove them",
     "nodes": "list nodes with their devices, shards, state and why one takes no new work (drained, low disk)",
     "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
     "explain": "why a job is pending (and which nodes are left out, and why), or why it landed where it did",
@@ -244,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     mark(lg.add_argument("job", type=int, help="the job's id"), "jobs")
     lg.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
+    fe = sp["fetch"]
+    mark(fe.add_argument("job", type=int, help="the job's id (yours, or any as an admin)"), "jobs")
+    fe.add_argument("--out", default=None, metavar="DIR", help="where to save them (default ./job-JOB)")
     nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
     ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
     mark(ndd.add_argument("node", help="the node's name (gsched nodes lists them)"), "nodes")
@@ -556,6 +560,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
             time.sleep(1.0)
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scheduler.cli.fetch import fetch_job
+
+    return fetch_job(client(args), args.job, Path(args.out or f"job-{args.job}"))
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     from scheduler.cli.listings import cmd_nodes as nodes
 
@@ -651,7 +663,7 @@ HANDLERS = {
     "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
     "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "history": cmd_history, "show": cmd_show, "cancel": cmd_cancel,
     "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
-    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
+    "logs": cmd_logs, "fetch": cmd_fetch, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
     "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
     "completion": cmd_completion,

@@ -15,6 +15,7 @@ from scheduler.server import jobcontrol
 from scheduler.server import service as svc
 from scheduler.server.api_models import MAX_ID, JobSubmit, JobUpdate
 from scheduler.server.auth import Identity
+from scheduler.server.fetch import fetch_manifest
 from scheduler.server.routes.base import PERSON, Access, JobId, Routes, again, bearer, context, known, who
 from scheduler.server.views import JobFilter, explain_view, history_view, queue_view
 from scheduler.store.models import Job
@@ -118,6 +119,16 @@ def logs(job_id: JobId, request: Request, rank: Annotated[int | None, Query(ge=0
         job = svc.get_job(s, job_id)
         svc.require_owner(job, me)
         return svc.job_logs(s, job, rank, after)
+
+
+@routes.route("GET", "/v1/jobs/{job_id}/fetch", JOB_OWNER)
+def fetch(job_id: JobId, request: Request) -> dict[str, Any]:
+    """``gsched fetch``: the final checkpoint's sources with read tickets, and the metric lines."""
+    me = who(request)
+    with context(request).db.read() as s:
+        job = svc.get_job(s, job_id)
+        svc.require_owner(job, me)
+        return fetch_manifest(s, job)
 
 
 @routes.route("POST", "/v1/jobs/{job_id}/hold", JOB_OWNER)
