@@ -3,9 +3,10 @@ new shard copies (``disk_floor_gb`` in the server config, docs/config.md).
 
 Why: a rank writes checkpoints, metrics and logs under the node's data dir, and a copy fills it
 further; a node that runs its disk full fails the ranks already there and can damage what it holds.
-Held back, the node is treated as a drained one is: it keeps every rank and copy it has (running
-ranks finish; nothing stored is removed), and it takes work again once its agent reports free disk
-at or above the floor.
+Held back, the node keeps every rank and copy it has (running ranks finish; nothing stored is
+removed), and its copies are still read by ranks on other nodes (reads write nothing there; unlike a
+drained node's, whose copies are not read).  It takes work again once its agent reports free disk at
+or above the floor.
 
 Read by the snapshot (ranks), by replication and ``gsched data make`` (copies), and by ``gsched
 nodes`` and ``gsched explain`` (the words).  Pure.

@@ -98,3 +98,18 @@ def test_crossing_the_floor_is_an_event_and_a_node_under_it_is_no_mirror_peer(db
                                                                  .order_by(Event.id))]
     assert events == [("node.low_disk", "n2", LOW), ("node.disk_ok", "n2", "n2: free disk above the floor again")]
 
+
+
+def test_the_copies_on_a_node_under_the_floor_are_still_read(db: Database) -> None:
+    """n1 holds the only copy of d and is under the floor: a job of d runs on n2, staging from n1."""
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock, nodes=("n1",))
+    report_free(db, clock, "n1", 12 * MB)
+    report_free(db, clock, "n2", 200 * MB)  # holds nothing
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, ONE, None)
+    assert run_cycle(db, replace(settings(), disk_floor_gb=0.03), clock.advance(1)).bound == [job_id]
+    with db.read() as s:
+        doc = svc.job_detail(s, s.get(Job, job_id))
+    assert [r["node"] for r in doc["ranks"]] == ["n2"]
+    assert {(sh["source"], sh["local"]) for sh in doc["shards"]} == {("n1", False)}
