@@ -94,7 +94,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         report.counts["preempted"] = sum(len(p["victims"]) for p in report.preemptions.values())
 
     def bind_phase() -> list[str]:  # 7
-        bound = bind_all(db, now, decision.bindings, clock)
+        bound = bind_all(db, now, decision.bindings, clock, settings.disk_floor_bytes)
         report.bound, report.refused = bound.jobs, bound.refused
         if started:  # the locality wait counts from the first cycle a job waited (policies.twostage)
             with db.session() as s:

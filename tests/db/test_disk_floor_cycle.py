@@ -113,3 +113,19 @@ def test_the_copies_on_a_node_under_the_floor_are_still_read(db: Database) -> No
         doc = svc.job_detail(s, s.get(Job, job_id))
     assert [r["node"] for r in doc["ranks"]] == ["n2"]
     assert {(sh["source"], sh["local"]) for sh in doc["shards"]} == {("n1", False)}
+
+
+def test_a_node_that_falls_under_the_floor_between_snapshot_and_bind_gets_no_rank(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock, nodes=("n1",))
+    report_free(db, clock, "n1", 200 * MB)
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, ONE, None)
+
+    def n1_fills_up() -> bool:  # called after the decision, before binding (as the leader's lease check)
+        report_free(db, clock, "n1", 12 * MB)
+        return True
+
+    report = run_cycle(db, replace(settings(), disk_floor_gb=0.03), clock.advance(1), fence=n1_fills_up)
+    assert report.bound == []
+    assert report.refused == {job_id: "node n1's free disk fell under the floor (disk_floor_gb) since the snapshot"}
