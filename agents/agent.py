@@ -26,6 +26,7 @@ from agents.devices import Devices
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
+from agents.retention import JobRetention
 from agents.runas import agent_account
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
@@ -50,7 +51,8 @@ class Agent:
                  port: int = 0, token: str | None = None, heartbeat_s: float = 2.0,
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
                  net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
-                 rendezvous_wait_s: float = 30.0, max_transfers: int = 4, max_transfer_mbps: float = 0.0) -> None:
+                 rendezvous_wait_s: float = 30.0, max_transfers: int = 4, max_transfer_mbps: float = 0.0,
+                 job_retention_s: float | None = None) -> None:
         self.servers = Servers(servers, ca)  # with ca: verifies an HTTPS server against it
         self.node = node
         self.rack = rack
@@ -71,6 +73,7 @@ class Agent:
         self.rendezvous_wait_s = rendezvous_wait_s
         self.incarnation = uuid.uuid4().hex
         self.inventory = ShardInventory(self.data_dir)
+        self.retention = JobRetention(self.data_dir, job_retention_s)  # finished jobs' directories
         self.flights = ShardFlights()  # one transfer per shard when ranks of this node need it at once
         self.throttle = Throttle(max_transfers, max_transfer_mbps)  # copies in flight, bandwidth
         self.peer_key: str | None = None
@@ -222,6 +225,9 @@ class Agent:
         elif now - self._last_full >= FULL_INVENTORY_EVERY_S:
             body["replicas"] = self.inventory.scan()
             self._last_full = now
+        dirs = self.retention.due(now)
+        if dirs is not None:
+            body["job_dirs"] = dirs
         runners = list(self.ranks.values())
         body["ranks"] = [r.report() for r in runners]
         for r in runners:
@@ -242,6 +248,7 @@ class Agent:
                 self.transfers.pop(t["id"], None)
         self.apply(reply, ended={r.key for r, said in zip(runners, body["ranks"], strict=True)
                                  if said["state"] in RANK_FINAL})
+        self.retention.apply(reply.ended, live={key[0] for key in self.ranks})
         return reply
 
     def apply(self, reply: HeartbeatReply, ended: set[tuple[int, int, int]]) -> None:
@@ -358,7 +365,8 @@ def main(args: Any) -> int:
                       scrub_interval_s=args.scrub_interval_s, net_iface=args.net_iface,
                       ca=args.ca or os.environ.get("GSCHED_CA"), rendezvous_ports=args.rendezvous_ports,
                       rendezvous_wait_s=args.rendezvous_wait_s, max_transfers=args.max_transfers,
-                      max_transfer_mbps=args.max_transfer_mbps)
+                      max_transfer_mbps=args.max_transfer_mbps,
+                      job_retention_s=getattr(args, "job_retention_s", None))
     except (PortRangeError, ValueError) as e:
         print(f"gsched agent: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ Routes (all but /health need a ticket made with the cluster's peer key, which on
 * ``PUT /shards/<dataset>/<index>?sha256=H``: upload a shard; ticket ``("put", node, dataset, index, H)``
   issued by the server for this node; the body must hash to H and be a GSHARD1 file or a tar (a
   WebDataset shard), or it is discarded.
-* ``GET|PUT /checkpoints/<job>/<file>``: a job's checkpoint files; ticket ``("ckpt", job, file, ts)``.
+* ``GET|PUT /checkpoints/<job>/<file>``: a job's checkpoint files; ticket ``("ckpt", job, file, ts)``;
+  GET also takes a read-only ``("fetch", job, file, ts)`` (``gsched fetch``, issued by the server).
 * ``POST /scan/<dataset>``: hash the files under a folder of this node's data dir for ``gsched data add``
   (body ``{"path", "glob"}``); ticket ``("scan", node, dataset, ts)`` issued by the server.  The answer
   streams JSON lines: ``{"file", "done", "total"}`` while hashing, then ``{"files": [...]}`` or
@@ -143,7 +144,9 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                         return self._send(403, "a valid agent ticket is required")
                     path = shard_path(srv.data_dir, rest[0], int(rest[1]))
                 elif kind == "checkpoints" and len(rest) == 2 and _number(rest[0]):
-                    if not self._fresh_ticket("ckpt", int(rest[0]), rest[1]):
+                    # an agent's ticket, or the read-only one `gsched fetch` gets from the server
+                    if not (self._fresh_ticket("ckpt", int(rest[0]), rest[1])
+                            or self._fresh_ticket("fetch", int(rest[0]), rest[1])):
                         return self._send(403, "a valid agent ticket is required")
                     path = checkpoint_path(srv.data_dir, int(rest[0]), rest[1])
                 else:

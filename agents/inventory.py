@@ -76,8 +76,11 @@ class ShardInventory:
 
 
 def free_bytes(path: Path) -> int:
+    """Free bytes on the disk of ``path``, as the heartbeat reports them: 0 when unknown (the disk
+    cannot be read), at least 1 when known, so a full disk (0 free) is told apart from an unknown one
+    and held back by the server's disk floor (scheduler/core/diskfloor.py)."""
     try:
-        return shutil.disk_usage(path).free
+        return max(1, shutil.disk_usage(path).free)
     except OSError:
         return 0
 

@@ -69,7 +69,7 @@ NODE_COLUMNS: dict[str, tuple[str, Callable[[Row, float], Any]]] = {
     "shards": ("SHARDS", lambda n, now: n["shards"]),
     "address": ("ADDRESS", lambda n, now: n.get("address") or "-"),
     "last_seen": ("LAST_SEEN", lambda n, now: _when(n.get("last_seen"))),
-    "reason": ("REASON", lambda n, now: n.get("drain_reason") or "-"),
+    "reason": ("REASON", lambda n, now: "; ".join(r for r in (n.get("drain_reason"), n.get("low_disk")) if r) or "-"),
 }
 NODE_DEFAULT = ("name", "rack", "state", "devices", "free", "kind", "shards", "reason")
 

@@ -3,7 +3,8 @@
 ==  ==========================================================================================
 0   success
 1   the job failed (``submit --wait`` on a job that ended FAILED, CANCELLED or TIMEOUT), or the
-    server answered with an error of its own (5xx)
+    server answered with an error of its own (5xx), or ``gsched fetch`` saved no checkpoint that
+    matches its SHA-256
 2   usage or file error: a bad flag, a job.toml or config file that cannot be used, a request the
     server refused as given (400, 409, 413, 422)
 3   the server is unreachable: no answer, or an HTTPS certificate that does not verify

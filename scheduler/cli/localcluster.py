@@ -47,6 +47,7 @@ class NodeSpec:
     rendezvous_ports: str | None = None  # default: a block of its own (rendezvous_block())
     rendezvous_wait_s: float | None = None
     max_transfer_mbps: float | None = None  # the agent's bandwidth bound (default: none)
+    job_retention: str | None = None  # the agent's --job-retention (default: the agent's, 7d)
 
 
 # The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
@@ -91,7 +92,11 @@ class LocalCluster:
                     "GSCHED_CYCLE_INTERVAL_S": str(cycle_s), "GSCHED_HEARTBEAT_TTL_S": str(ttl_s),
                     "GSCHED_HEARTBEAT_S": str(heartbeat_s), "PYTHONUNBUFFERED": "1",
                     # the CLI's config file (`gsched login`): the cluster's own, never the user's
-                    "XDG_CONFIG_HOME": str(self.root / "xdg-config"), **(extra_env or {})}
+                    "XDG_CONFIG_HOME": str(self.root / "xdg-config"),
+                    # every agent of an embedded cluster reports the same disk: a floor of 1 GB rather
+                    # than the server's 5 GB lets the demo and the tests run where a machine has little
+                    # room (a test that means the floor sets its own)
+                    "GSCHED_DISK_FLOOR_GB": "1", **(extra_env or {})}
         self.env.pop("GSCHED_TOKEN", None)
         if db:
             self.env["GSCHED_DB"] = db
@@ -149,6 +154,8 @@ class LocalCluster:
         wait = [] if spec.rendezvous_wait_s is None else ["--rendezvous-wait-s", str(spec.rendezvous_wait_s)]
         if spec.max_transfer_mbps is not None:
             wait += ["--max-transfer-mbps", str(spec.max_transfer_mbps)]
+        if spec.job_retention is not None:
+            wait += ["--job-retention", spec.job_retention]
         self._spawn(f"agent-{node}", ["agent", "--server", self.url, "--node", node, "--rack", spec.rack,
                                       "--gpus", str(spec.gpus), "--data-dir", str(self.data_dir(node)),
                                       "--heartbeat-s", str(self.heartbeat_s),

@@ -33,9 +33,10 @@ VERBS = {
     "requeue": "stop running jobs and put them back in the queue (they resume from their last checkpoint)",
     "update": "change jobs' time limit (a running job's only down) or a pending job's name",
     "logs": "a job's rank logs (--follow to stream)",
-    "nodes": "list nodes with their devices, shards, state and drain reason",
+    "fetch": "save a job's final checkpoint (verified), metrics and logs before the nodes remove them",
+    "nodes": "list nodes with their devices, shards, state and why one takes no new work (drained, low disk)",
     "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
-    "explain": "why a job is pending, or why it landed where it did",
+    "explain": "why a job is pending (and which nodes are left out, and why), or why it landed where it did",
     "share": "the fair-share tree like sshare -l: shares, usage, effective usage, factor",
     "account": "add, list or move fair-share accounts (admin)",
     "events": "the audit log: who did what, when",
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-transfer-mbps", type=float, default=0.0,
                    help="megabits a second this agent's copies receive and its data server sends, in all "
                         "(default 0: no limit)")
+    a.add_argument("--job-retention", default="7d", metavar="DURATION",
+                   help="keep a finished job's directory on this node (final checkpoint, metrics, logs) this long "
+                        "after the job ended, then remove it; gsched fetch JOB saves them first (default 7d; "
+                        "'forever' keeps them)")
 
     d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
@@ -240,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     mark(lg.add_argument("job", type=int, help="the job's id"), "jobs")
     lg.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
+    fe = sp["fetch"]
+    mark(fe.add_argument("job", type=int, help="the job's id (yours, or any as an admin)"), "jobs")
+    fe.add_argument("--out", default=None, metavar="DIR", help="where to save them (default ./job-JOB)")
     nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
     ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
     mark(ndd.add_argument("node", help="the node's name (gsched nodes lists them)"), "nodes")
@@ -359,6 +367,16 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from agents.agent import main as agent_main
+    from scheduler.core.durations import parse_duration
+
+    if args.job_retention == "forever":
+        args.job_retention_s = None
+    else:
+        try:
+            args.job_retention_s = float(parse_duration(args.job_retention))
+        except ValueError as e:
+            print(f"gsched agent: --job-retention {args.job_retention}: {e}", file=sys.stderr)
+            return exitcodes.USAGE
 
     return agent_main(args)
 
@@ -542,6 +560,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
             time.sleep(1.0)
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scheduler.cli.fetch import fetch_job
+
+    return fetch_job(client(args), args.job, Path(args.out or f"job-{args.job}"))
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     from scheduler.cli.listings import cmd_nodes as nodes
 
@@ -637,7 +663,7 @@ HANDLERS = {
     "login": cmd_login, "server": cmd_server, "agent": cmd_agent, "db": cmd_db, "user": cmd_user, "agent-token": cmd_agent_token,
     "data": cmd_data, "submit": cmd_submit, "queue": cmd_queue, "history": cmd_history, "show": cmd_show, "cancel": cmd_cancel,
     "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "update": cmd_update,
-    "logs": cmd_logs, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
+    "logs": cmd_logs, "fetch": cmd_fetch, "nodes": cmd_nodes, "node": cmd_node, "explain": cmd_explain, "share": cmd_share, "account": cmd_account,
     "events": cmd_events,
     "plot": cmd_plot, "simulate": cmd_simulate, "demo": cmd_demo,
     "completion": cmd_completion,

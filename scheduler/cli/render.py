@@ -197,8 +197,10 @@ NODE_DROP_ORDER = ("RACK", "STAGED", "SHARDS", "SEEN")
 
 
 def node_note(n: dict[str, Any]) -> str:
-    """Why some of a node's devices are not offered: ``drained: disk swap; device 1: XID 79 (device fault)``."""
+    """Why some of a node's devices are not offered: ``drained: disk swap; device 1: XID 79 (device fault)``,
+``low disk: 12.0 MB free, under the 30.0 MB floor (disk_floor_gb)``."""
     notes = [f"drained: {n.get('drain_reason') or 'no reason given'}"] if n.get("drained") else []
+    notes += [n["low_disk"]] if n.get("low_disk") else []
     return "; ".join(notes + [f"device {d['index']}: {d['health']}" for d in n.get("unhealthy") or []])
 
 
@@ -473,6 +475,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
                 "after this decision")
     for words in doc.get("preemptions") or []:
         c.print(f"preemption: {words}")
+    if doc.get("left_out"):
+        c.print("nodes left out (no new ranks): " + "; ".join(f"{o['node']} ({o['reason']})" for o in doc["left_out"]))
     if doc.get("candidates"):
         t = _table("candidates (last cycle)", ["#", "RANKS PER NODE", "LOCAL", "TO STAGE", "EST. STAGING", "CHOSEN",
                                                "WHY NOT"], right=("LOCAL", "TO STAGE", "EST. STAGING"))

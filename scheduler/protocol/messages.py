@@ -20,7 +20,7 @@ Part of the protocol between the server and the agents: it imports nothing of ``
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -148,6 +148,9 @@ class Heartbeat(_In):
     logs: list[LogIn] = Field(default_factory=list, max_length=4096)
     metrics: list[MetricIn] = Field(default_factory=list, max_length=4096)
     transfers: list[TransferIn] = Field(default_factory=list, max_length=4096)
+    # Ids of the jobs whose directory (DATA_DIR/.gsched/jobs/ID) is on this node, sent now and then for
+    # the job retention; None: not asked this time.  The reply's ``ended`` answers it.
+    job_dirs: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(None, max_length=100000)
 
     @field_validator("devices")
     @classmethod
@@ -291,10 +294,19 @@ class Peer(_Out):
     address: str
 
 
+class Ended(_Out):
+    """A job of the heartbeat's ``job_dirs`` that has ended, ``ago_s`` seconds before the server
+    answered (an age, not a time: the node's clock need not agree with the server's)."""
+
+    job_id: int
+    ago_s: float
+
+
 class HeartbeatReply(_Out):
     """The answer to one heartbeat.  Every list is complete for this heartbeat (applying the same reply
     twice is harmless).  ``peers`` is None (left out on the wire) when the node runs no ranks: the
-    agent then keeps the peers it has.  ``heartbeat_s`` is the server's interval, set by the route."""
+    agent then keeps the peers it has.  ``heartbeat_s`` is the server's interval, set by the route.
+    ``ended``: for a heartbeat that sent ``job_dirs``, those of its jobs that have ended (None: not asked)."""
 
     assignments: list[Assignment] = Field(default_factory=list)
     kill: list[Kill] = Field(default_factory=list)
@@ -303,7 +315,8 @@ class HeartbeatReply(_Out):
     peer_key: str = ""
     peers: list[Peer] | None = None
     heartbeat_s: float | None = None
+    ended: list[Ended] | None = None
 
     def wire(self) -> dict[str, Any]:
-        """The JSON body: every field, but ``peers`` and ``heartbeat_s`` only when they are set."""
-        return self.model_dump(exclude={k for k in ("peers", "heartbeat_s") if getattr(self, k) is None})
+        """The JSON body: every field, but ``peers``, ``heartbeat_s`` and ``ended`` only when they are set."""
+        return self.model_dump(exclude={k for k in ("peers", "heartbeat_s", "ended") if getattr(self, k) is None})

@@ -10,6 +10,7 @@ Example::
     tls_cert = "/etc/gsched/server.pem"            # HTTPS (both or neither; see docs/security.md)
     tls_key = "/etc/gsched/server.key"
     run_as_agent_user = false                      # true: single-team mode, jobs run as the agents' account
+    disk_floor_gb = 5                              # a node with less free disk takes no new ranks or copies
 
     [policy]
     arbiter = "twostage"
@@ -27,7 +28,7 @@ Example::
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
 GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
 GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_METRICS_TOKEN,
-GSCHED_RUN_AS_AGENT_USER (1/true/yes/on).
+GSCHED_RUN_AS_AGENT_USER (1/true/yes/on), GSCHED_DISK_FLOOR_GB.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from scheduler.core.diskfloor import floor_bytes
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.config_schema import ConfigFile
 
@@ -73,6 +75,13 @@ class Settings:
     # Who may submit a job with [limits] preemptible = false (never a victim of preemption): admins
     # always; these users too ("*": every user).
     non_preemptible_users: list[str] = field(default_factory=list)
+    # A node whose agent reports less free disk than this takes no new ranks or shard copies
+    # (scheduler/core/diskfloor.py); 0: no floor.
+    disk_floor_gb: float = 5.0
+
+    @property
+    def disk_floor_bytes(self) -> int:
+        return floor_bytes(self.disk_floor_gb)
 
     @property
     def scheme(self) -> str:
@@ -102,6 +111,7 @@ _ENV = {  # variable -> (key, or "policy.key")
     "GSCHED_MAX_CONNECTIONS_PER_CLIENT": "max_connections_per_client",
     "GSCHED_METRICS_TOKEN": "metrics_token",
     "GSCHED_RUN_AS_AGENT_USER": "run_as_agent_user",
+    "GSCHED_DISK_FLOOR_GB": "disk_floor_gb",
     "GSCHED_ARBITER": "policy.arbiter",
     "GSCHED_LOCALITY_WAIT_S": "policy.locality_wait_s",
 }

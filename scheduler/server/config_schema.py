@@ -86,6 +86,7 @@ class ConfigFile(_Table):
     metrics_token: str | None = Field(None, min_length=16, max_length=256)
     run_as_agent_user: bool | None = None
     non_preemptible_users: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = None
+    disk_floor_gb: float | None = Field(None, ge=0, le=1_000_000)
     policy: PolicyTable = PolicyTable()
     network: NetworkTable = NetworkTable()
     users: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[float, Field(ge=0)]] = {}

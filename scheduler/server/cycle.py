@@ -76,7 +76,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
         report.counts["dependencies"] = phase("dependencies", lambda: settle_dependencies(s, now))
     with db.read() as s:  # 4
-        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes))
+        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes, settings.disk_floor_bytes))
     arbiter = get_arbiter(settings.policy.arbiter)  # 5
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy, arbiter))
     report.counts["pending"] = len(snap.pending)
@@ -94,7 +94,7 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         report.counts["preempted"] = sum(len(p["victims"]) for p in report.preemptions.values())
 
     def bind_phase() -> list[str]:  # 7
-        bound = bind_all(db, now, decision.bindings, clock)
+        bound = bind_all(db, now, decision.bindings, clock, settings.disk_floor_bytes)
         report.bound, report.refused = bound.jobs, bound.refused
         if started:  # the locality wait counts from the first cycle a job waited (policies.twostage)
             with db.session() as s:
@@ -110,7 +110,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         nudge(placed)
     with db.session() as s:  # 8
         report.counts["replications"] = phase(
-            "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency))
+            "replicate", lambda: schedule_replication(s, now, settings.replication_concurrency,
+                                                        settings.disk_floor_bytes))
     report.counts["explained"] = phase(  # 9
         "report", lambda: write_report(db, now, snap, candidates, decision, report, memory, leader))
     thinned = phase("thin", lambda: thin_history_if_due(db, now, memory))  # 10

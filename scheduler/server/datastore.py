@@ -17,15 +17,17 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.diskfloor import under_floor
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import default_span, lay_out, reported_room
+from scheduler.core.replicas import default_span, lay_out
 from scheduler.protocol.messages import DATASET
 from scheduler.protocol.tickets import ticket
 from scheduler.server.api_models import DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
 from scheduler.store.models import Dataset, Device, Node, Replica, Shard, Transfer
+from scheduler.store.room_reader import node_room
 
 
 def valid_dataset_name(name: str) -> bool:
@@ -76,7 +78,7 @@ def scan_tickets(s: Session, now: float, who: Identity, name: str, nodes: list[s
                                      "ticket": ticket(key, "scan", n, name, ts)} for n in dict.fromkeys(nodes)]}
 
 
-def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> dict[str, Any]:
+def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn, disk_floor_bytes: int = 0) -> dict[str, Any]:
     """Store a data set's manifest and say where its bytes go.
 
     Built on the client (``gsched data make``): R copies are placed by ``lay_out`` and the answer has one
@@ -99,10 +101,12 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
         raise Conflict("no node is up: start agents first (gsched agent ...)")
     if body.in_place:
         return _register_in_place(s, now, who, body, len(up), _most_devices(s, up_nodes))
-    up_nodes = [n for n in up_nodes if n.drained_at is None]  # a drained node takes no new copies
+    # a drained node takes no new copies, nor does one whose disk is under the floor
+    up_nodes = [n for n in up_nodes if n.drained_at is None and not under_floor(n.free_bytes, disk_floor_bytes)]
     up = [(n.name, n.rack) for n in up_nodes]
     if not up:
-        raise Conflict("every node that is up is drained (gsched node resume NODE)")
+        raise Conflict("every node that is up is drained or under the disk floor (gsched nodes says which; "
+                       "gsched node resume NODE, or free disk on a node)")
     span = body.span if body.span is not None else default_span(body.replicas, len(up), len(body.shards),
                                                                  _most_devices(s, up_nodes))
     s.add(Dataset(name=body.name, source=body.source, classes=body.classes, image_shape=body.image_shape,
@@ -110,7 +114,7 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn) -> 
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
     plan = lay_out([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, span=span,
-                   node_bytes=_node_bytes(s), room=reported_room((n.name, n.free_bytes) for n in up_nodes))
+                   node_bytes=_node_bytes(s), room=node_room(s, ((n.name, n.free_bytes) for n in up_nodes)))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

@@ -27,6 +27,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from scheduler.core import arrays
+from scheduler.core.diskfloor import floor_reason, under_floor
 from scheduler.core.errors import Forbidden
 from scheduler.core.lifecycle import (
     ACTIVE,
@@ -51,6 +52,7 @@ from scheduler.protocol.messages import (
     TransferOrder,
 )
 from scheduler.server.auth import Identity
+from scheduler.server.retention import ended_jobs
 from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
 from scheduler.store.effects import move
 from scheduler.store.models import (
@@ -75,8 +77,10 @@ MAX_RESUME = 8  # checkpoints an assignment names to resume from: the newest, th
 
 
 def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0,
-                      single_team: bool = False) -> dict[str, Any]:
-    """``single_team``: the server's ``run_as_agent_user`` (a [run] job runs as the agent's account)."""
+                      single_team: bool = False, disk_floor_bytes: int = 0) -> dict[str, Any]:
+    """``single_team``: the server's ``run_as_agent_user`` (a [run] job runs as the agent's account).
+    ``disk_floor_bytes``: the server's disk floor; a node crossing it is recorded (``node.low_disk``,
+    ``node.disk_ok``), and nodes under it are no mirror peers (``_peers``)."""
     if not who.is_agent or who.name != hb.node:
         raise Forbidden(f"this token may not report for node {hb.node!r}")
     node = s.get(Node, hb.node)
@@ -93,6 +97,11 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
             node.state = NodeState.UP
             node.down_since = None
         node.rack, node.address, node.incarnation, node.last_seen = hb.rack, hb.address, hb.incarnation, now
+    if under_floor(node.free_bytes, disk_floor_bytes) != under_floor(hb.free_bytes, disk_floor_bytes):
+        low = under_floor(hb.free_bytes, disk_floor_bytes)
+        record(s, now, who.actor, "node.low_disk" if low else "node.disk_ok",
+               floor_reason(hb.free_bytes, disk_floor_bytes) if low else f"{hb.node}: free disk above the floor again",
+               node=hb.node)
     node.free_bytes = hb.free_bytes
     _devices(s, hb)
     if hb.replicas is not None:
@@ -109,7 +118,10 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         if job is not None:
             sync_job(s, now, job, failure_grace_s)
     s.flush()
-    return _reply(s, hb.node, kill, here, single_team)
+    out = _reply(s, hb.node, kill, here, single_team, disk_floor_bytes)
+    if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
+        out["ended"] = ended_jobs(s, now, hb.job_dirs)
+    return out
 
 
 def _devices(s: Session, hb: Heartbeat) -> None:
@@ -349,12 +361,15 @@ class _NodeBook:
 MIRROR_PEERS = 3
 
 
-def _peers(s: Session, node_name: str) -> list[Peer]:
+def _peers(s: Session, node_name: str, disk_floor_bytes: int = 0) -> list[Peer]:
     """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
     first (a checkpoint should survive its rack), then in an order stable per node but different for
-    each, so mirrors spread over the cluster instead of all landing on one node."""
+    each, so mirrors spread over the cluster instead of all landing on one node.  A node whose free
+    disk is under ``disk_floor_bytes`` is no peer (it takes no new bytes)."""
     rack = s.scalar(select(Node.rack).where(Node.name == node_name))
-    rows = s.execute(select(Node.name, Node.address, Node.rack).where(Node.state == NodeState.UP, Node.name != node_name)).all()
+    rows = [(n, a, r) for n, a, r, free in s.execute(
+        select(Node.name, Node.address, Node.rack, Node.free_bytes).where(Node.state == NodeState.UP, Node.name != node_name))
+        if not under_floor(free, disk_floor_bytes)]
 
     def key(row: Any) -> tuple[bool, bytes]:
         return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
@@ -381,7 +396,7 @@ def _groups(ranks: list[Rank], node_name: str) -> tuple[int, int]:
 
 
 def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank],
-           single_team: bool = False) -> dict[str, Any]:
+           single_team: bool = False, disk_floor_bytes: int = 0) -> dict[str, Any]:
     """The ``HeartbeatReply`` for this node, as its JSON body (``HeartbeatReply.wire``).
 
     ``kill``: the ranks ``_ranks`` found to kill (the node's KILLING ranks are added, each once).
@@ -465,5 +480,5 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
     reply = HeartbeatReply(assignments=assignments, kill=kills, transfers=transfers, delete=deletes,
                            peer_key=peer_key(s),
                            # only a node running ranks has checkpoints to mirror
-                           peers=_peers(s, node_name) if live else None)
+                           peers=_peers(s, node_name, disk_floor_bytes) if live else None)
     return reply.wire()

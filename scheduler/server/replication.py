@@ -8,10 +8,12 @@ from collections import defaultdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.diskfloor import under_floor
 from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
-from scheduler.core.replicas import place_replicas, reported_room
+from scheduler.core.replicas import place_replicas
 from scheduler.server.service import record
 from scheduler.store.models import Dataset, Node, Replica, Shard, Transfer
+from scheduler.store.room_reader import node_room
 
 IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication copy not yet over
 # A copy the server expects on a node (an upload of `data make`, a file `data add` links) counts as
@@ -19,12 +21,13 @@ IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication c
 STAGING_GRACE_S = 120.0
 
 
-def schedule_replication(s: Session, now: float, concurrency: int) -> int:
+def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_bytes: int = 0) -> int:
     """Plan copies for shards with fewer healthy replicas (on up nodes) than their data set requires.
 
     At most ``concurrency`` re-replication transfers are in flight cluster-wide, so training traffic
     is not starved.  Corrupt copies are replaced first on the same node (a repair), else elsewhere.
     A copy expected on a node (state STAGING, for ``STAGING_GRACE_S``) counts as one on its way.
+    A drained node, or one whose reported free disk is under ``disk_floor_bytes``, takes no copy.
     """
     inflight = s.scalar(select(func.count()).select_from(Transfer).where(
         Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT))) or 0
@@ -34,10 +37,11 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
     rows = s.execute(select(Node.name, Node.rack, Node.free_bytes, Node.drained_at)
                      .where(Node.state == NodeState.UP).order_by(Node.name)).all()
     up = [(name, rack) for name, rack, _, _ in rows]
-    drained = {name for name, _, _, at in rows if at is not None}  # a source of copies, never a destination
+    drained = {name for name, _, free, at in rows  # a source of copies, never a destination
+               if at is not None or under_floor(free, disk_floor_bytes)}
     if not up:
         return 0
-    room = reported_room((name, free) for name, _, free, _ in rows)
+    room: dict[str, int] | None = None  # read once a copy is wanted: less transfers in flight and checkpoints
     up_names = {n for n, _ in up}
     inflight_keys = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
         Transfer.job_id.is_(None), Transfer.state.in_(IN_FLIGHT)))}
@@ -76,6 +80,8 @@ def schedule_replication(s: Session, now: float, concurrency: int) -> int:
         repair = [node for node, state in rs if state in (ReplicaState.CORRUPT, ReplicaState.MISSING) and node in up_names
                   and node not in have]
         group = {n: b - (size if n in have else 0) for n, b in ds_bytes[ds].items()}
+        if room is None:
+            room = node_room(s, ((name, free) for name, _, free, _ in rows))
         plan = place_replicas([(index, size)], up, want, exclude=drained, existing={index: have}, node_bytes=node_bytes,
                               group_bytes=group, room=room)
         targets = [n for n in plan.get(index, []) if n not in have]

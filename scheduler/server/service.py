@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core import arrays
 from scheduler.core import dependency as dep
+from scheduler.core.diskfloor import floor_reason
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from scheduler.core.jobspec import JobSpecError, validate_spec
 from scheduler.core.lifecycle import (
@@ -470,7 +471,10 @@ def job_logs(s: Session, job: Job, rank: int | None, after_id: int = 0, limit: i
 # ---------------------------------------------------------------- nodes and data
 
 
-def node_rows(s: Session) -> list[dict[str, Any]]:
+def node_rows(s: Session, disk_floor_bytes: int = 0) -> list[dict[str, Any]]:
+    """``gsched nodes``: every node with its devices, shards and why it takes no new work: ``drained``
+    (with ``drain_reason``) and ``low_disk``, the words of ``scheduler.core.diskfloor.floor_reason``
+    when its reported free disk is under ``disk_floor_bytes`` ("" otherwise)."""
     busy: dict[str, int] = defaultdict(int)
     for node, devs in s.execute(select(Rank.node, Rank.devices).where(Rank.state.not_in(RANK_FINAL))):
         busy[node] += len(devs or [])
@@ -491,6 +495,7 @@ def node_rows(s: Session) -> list[dict[str, Any]]:
             "device_kind": devices[n.name][0].kind if devices[n.name] else "",
             "device_model": devices[n.name][0].model if devices[n.name] else "",
             "shards": held[n.name], "staged_bytes": n.staged_bytes, "free_bytes": n.free_bytes,
+            "low_disk": floor_reason(n.free_bytes, disk_floor_bytes),
             "unhealthy": [{"index": d.index, "uuid": d.uuid, "health": d.health or "unhealthy"}
                           for d in devices[n.name] if not d.healthy],
         })

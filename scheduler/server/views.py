@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Unprocessable
-from scheduler.core.lifecycle import FINAL, PREEMPTING_EVENT, JobState
+from scheduler.core.lifecycle import FINAL, PREEMPTING_EVENT, JobState, NodeState
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.accounts import share_tree_rows
 from scheduler.server.auth import Identity
@@ -35,12 +35,12 @@ def _page(rows: list[dict[str, Any]], where: JobFilter) -> tuple[list[dict[str, 
 
 
 def queue_view(s: Session, now: float, policy: PolicyConfig, include_done: bool = False,
-               where: JobFilter | None = None) -> dict[str, Any]:
+               where: JobFilter | None = None, disk_floor_bytes: int = 0) -> dict[str, Any]:
     """``GET /v1/jobs``: the jobs ``where`` picks (one page; ``next`` the ``after`` of the next), each
     user's share and the nodes."""
     where = where or JobFilter()
     jobs, after = _page(queue_rows(s, include_done=include_done, where=where), where)
-    return {"time": now, "jobs": jobs, "next": after, "users": share_rows(s, now, policy), "nodes": node_rows(s)}
+    return {"time": now, "jobs": jobs, "next": after, "users": share_rows(s, now, policy), "nodes": node_rows(s, disk_floor_bytes)}
 
 
 def history_view(s: Session, now: float, where: JobFilter) -> dict[str, Any]:
@@ -53,13 +53,14 @@ def history_view(s: Session, now: float, where: JobFilter) -> dict[str, Any]:
     return {"time": now, "jobs": jobs, "next": after}
 
 
-def explain_view(s: Session, job: Job) -> dict[str, Any]:
+def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, Any]:
     """``gsched explain``: the last cycle's explanation of ``job``.  ``reason`` is the job's reason now
     and ``pending_reason`` the last cycle's words; ``why`` (with ``reason_kind`` and ``reason_at_s``)
     is the job's reason as data while it is pending (``service.pending_why``), else None.  Each
     candidate has its ``reason`` words and, as data, its ``why``.  ``preemptions``: while the job is
     pending, the words of each ``job.preempting`` event since it last became pending (the jobs preempted
-    for it, and why), oldest first."""
+    for it, and why), oldest first.  ``left_out``: while the job is pending, the up nodes that take no
+    new ranks now, each ``{"node", "reason"}`` (drained, or free disk under ``disk_floor_bytes``)."""
     ex = job.explain or {}
     why = pending_why(job)
     preemptions = [] if job.state != JobState.PENDING else list(s.scalars(
@@ -70,8 +71,23 @@ def explain_view(s: Session, job: Job) -> dict[str, Any]:
             "queue_length": ex.get("queue_length"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
             "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
-            "preemptions": preemptions, "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
+            "preemptions": preemptions, "left_out": left_out_nodes(s, disk_floor_bytes) if job.state == JobState.PENDING else [],
+            "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
             "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}
+
+
+def left_out_nodes(s: Session, disk_floor_bytes: int) -> list[dict[str, str]]:
+    """The up nodes the snapshot leaves out (``scheduler.store.snapshot_reader``), with why: drained
+    (its reason) or under the disk floor (``scheduler.core.diskfloor.floor_reason``)."""
+    out = []
+    for n in node_rows(s, disk_floor_bytes):
+        if n["state"] != NodeState.UP:
+            continue
+        why = ([f"drained: {n['drain_reason'] or 'no reason given'}"] if n["drained"] else []) + (
+            [n["low_disk"]] if n["low_disk"] else [])
+        if why:
+            out.append({"node": n["name"], "reason": "; ".join(why)})
+    return out
 
 
 def events_view(s: Session, who: Identity, job_id: int | None, limit: int) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from scheduler.core.binding import plan_binding
+from scheduler.core.diskfloor import under_floor
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, RankState, TransferState
 from scheduler.core.placement import Candidate
@@ -34,12 +35,13 @@ def busy_devices(s: Session) -> dict[str, set[int]]:
     return busy
 
 
-def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callable[[], float] | None = None) -> str | None:
+def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callable[[], float] | None = None,
+             disk_floor_bytes: int = 0) -> str | None:
     """Bind one job to ``cand`` in the caller's transaction and return None; or write nothing and return
     why not, in words for the job's explanation:
 
     - the job is gone or no longer PENDING (cancelled since the snapshot, say);
-    - a node of ``cand`` is not up any more;
+    - a node of ``cand`` is not up any more, or its free disk fell under ``disk_floor_bytes``;
     - a node has fewer free healthy devices than ``cand`` puts on it (taken, or found unhealthy, since
       the snapshot).
 
@@ -63,6 +65,9 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
         healthy[d.node].append(d.index)
     up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP,
                                                    Node.drained_at.is_(None)))}  # drained since the snapshot
+    for name, free in s.execute(select(Node.name, Node.free_bytes).where(Node.name.in_(cand.nodes)).order_by(Node.name)):
+        if under_floor(free, disk_floor_bytes):
+            return f"node {name}'s free disk fell under the floor (disk_floor_gb) since the snapshot"
     plan = plan_binding(cand, healthy, busy_devices(s), up)
     if isinstance(plan, str):
         return plan
@@ -97,13 +102,13 @@ class Bound:
     nodes: set[str] = field(default_factory=set)
 
 
-def bind_all(db: Database, now: float, bindings: Mapping[int, Candidate], clock: Callable[[], float] | None = None
-             ) -> Bound:
+def bind_all(db: Database, now: float, bindings: Mapping[int, Candidate], clock: Callable[[], float] | None = None,
+             disk_floor_bytes: int = 0) -> Bound:
     """``try_bind`` each of ``bindings`` in a transaction of its own, in their order."""
     out = Bound()
     for job_id, cand in bindings.items():
         with db.session() as s:
-            why = try_bind(s, now, job_id, cand, clock)
+            why = try_bind(s, now, job_id, cand, clock, disk_floor_bytes)
         if why is None:
             out.jobs.append(job_id)
             out.nodes.update(cand.nodes)

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.accounts import AccountView
+from scheduler.core.diskfloor import under_floor
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import (
     ACTIVE,
@@ -135,20 +136,26 @@ def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[
     return ckpt, preempted
 
 
-def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None) -> Snapshot:
+def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk_floor_bytes: int = 0) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
     jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
-    ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec)."""
+    ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec).  Drained nodes are left out
+    (no new ranks; their copies are not read).  A node whose reported free disk is under
+    ``disk_floor_bytes`` (``scheduler.core.diskfloor``) is in with no devices: it takes no new ranks,
+    and its copies are still read by ranks elsewhere (staging writes only on the rank's node)."""
     shapes = shapes if shapes is not None else JobShapes()
     busy = busy_devices(s)
     healthy: dict[str, int] = defaultdict(int)
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for name, rack in s.execute(select(Node.name, Node.rack).where(Node.state == NodeState.UP, Node.drained_at.is_(None))
-                                .order_by(Node.name)):  # a drained node takes no new ranks
-        devs = healthy.get(name, 0)
+    for name, rack, free_bytes in s.execute(select(Node.name, Node.rack, Node.free_bytes)
+                                            .where(Node.state == NodeState.UP, Node.drained_at.is_(None))
+                                            .order_by(Node.name)):  # a drained node takes no new ranks
+        # nor does one whose disk is under the floor; it stays in as a node of no devices, so that the
+        # copies it holds are still read (staged from) by ranks placed elsewhere
+        devs = 0 if under_floor(free_bytes, disk_floor_bytes) else healthy.get(name, 0)
         nodes[name] = NodeView(name=name, rack=rack, devices=devs, free=max(0, devs - len(busy[name])))
     shards: dict[str, list[ShardView]] = defaultdict(list)
     for ds, index, size, samples in s.execute(

@@ -31,6 +31,7 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("GET /v1/jobs/{job}",                         READ),
     ("GET /v1/jobs/{job}/explain",                 READ),
     ("GET /v1/jobs/{job}/logs",                    (401, 401, 403, 200, 200, 403, 403)),
+    ("GET /v1/jobs/{job}/fetch",                   (401, 401, 403, 200, 200, 403, 403)),  # read tickets: owner, admin
     ("POST /v1/jobs/{fresh_job}/cancel",           (401, 401, 403, 200, 200, 403, 403)),
     ("POST /v1/jobs",                              (401, 401, 201, 201, 201, 403, 403)),
     ("POST /v1/jobs/{fresh_job}/hold",             (401, 401, 403, 200, 200, 403, 403)),
@@ -179,6 +180,7 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("GET /v1/jobs/{job}/logs",            "/v1/jobs/{job}/logs?rank=-1",         None,             OWNER),
     ("GET /v1/jobs/{job}/logs",            "/v1/jobs/{job}/logs?after=x",         None,             OWNER),
     ("GET /v1/jobs/{job}/logs",            "/v1/jobs/abc/logs",                   None,             PERSON),  # whose job is unknown
+    ("GET /v1/jobs/{job}/fetch",           "/v1/jobs/abc/fetch",                  None,             PERSON),  # whose job is unknown
     ("POST /v1/jobs/{fresh_job}/cancel",   "/v1/jobs/abc/cancel",                 None,             PERSON),
     ("POST /v1/jobs/{fresh_job}/hold",     "/v1/jobs/abc/hold",                   None,             PERSON),
     ("POST /v1/jobs/{fresh_job}/release",  "/v1/jobs/0/release",                  None,             PERSON),

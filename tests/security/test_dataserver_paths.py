@@ -177,3 +177,27 @@ def test_a_nudge_needs_the_servers_ticket_for_this_node(tmp_path: Path) -> None:
         assert send(srv, "POST", "/shards/tiny/0", get_ticket("nudge", "n1"))[0] == 404
     finally:
         srv.stop()
+
+
+def test_a_fetch_ticket_reads_one_checkpoint_and_writes_nothing(tmp_path: Path) -> None:
+    """``gsched fetch``'s ticket (``("fetch", job, file, ts)``, from the server to the job's owner or
+    an admin) reads that file; it never uploads one, nor reads another job's or another file."""
+    ckpts = tmp_path / ".gsched" / "jobs" / "7" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "epoch-0002.pt").write_bytes(b"weights")
+    (ckpts / "epoch-0001.pt").write_bytes(b"older")
+    srv = DataServer("127.0.0.1", 0, tmp_path, "n1", lambda: KEY, lambda *a: None)
+    srv.start()
+    try:
+        good = get_ticket("fetch", 7, "epoch-0002.pt")
+        assert send(srv, "GET", "/checkpoints/7/epoch-0002.pt", good) == (200, b"weights")
+        assert send(srv, "GET", "/checkpoints/7/epoch-0001.pt", good)[0] == 403  # another file
+        assert send(srv, "GET", "/checkpoints/8/epoch-0002.pt", good)[0] == 403  # another job
+        assert send(srv, "GET", "/checkpoints/7/epoch-0002.pt", get_ticket("fetch", 7, "epoch-0002.pt",
+                                                                           age_s=3600))[0] == 403  # stale
+        sha = hashlib.sha256(b"evil").hexdigest()
+        status, _ = send(srv, "PUT", "/checkpoints/7/epoch-0002.pt", good | {"X-Gsched-Sha256": sha}, b"evil")
+        assert status == 403
+        assert (ckpts / "epoch-0002.pt").read_bytes() == b"weights"
+    finally:
+        srv.stop()

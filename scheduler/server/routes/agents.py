@@ -47,7 +47,8 @@ async def heartbeat(request: Request) -> JSONResponse:
 
     def call(s: Any, now: float) -> dict[str, Any]:
         return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s,
-                                 single_team=ctx.settings.run_as_agent_user)
+                                 single_team=ctx.settings.run_as_agent_user,
+                                 disk_floor_bytes=ctx.settings.disk_floor_bytes)
 
     reply = await asyncio.wrap_future(ctx.heartbeats.submit(call))
     if any(r.state in RANK_FINAL for r in body.ranks):

@@ -31,7 +31,7 @@ def health(request: Request) -> dict[str, Any]:
 @routes.route("GET", "/v1/nodes", PERSON)
 def nodes(request: Request) -> list[dict[str, Any]]:
     with context(request).db.read() as s:
-        return svc.node_rows(s)
+        return svc.node_rows(s, context(request).settings.disk_floor_bytes)
 
 
 @routes.route("POST", "/v1/nodes/{name}/drain", ADMIN)

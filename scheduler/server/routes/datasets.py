@@ -31,7 +31,7 @@ DATASET_OWNER = Access("person", _own_dataset)
 def make_dataset(body: DatasetIn, request: Request) -> dict[str, Any]:
     ctx = context(request)
     with ctx.db.session() as s:
-        return register_dataset(s, ctx.clock.now(), again(s, request), body)
+        return register_dataset(s, ctx.clock.now(), again(s, request), body, ctx.settings.disk_floor_bytes)
 
 
 @routes.route("POST", "/v1/datasets/{name}/scan", PERSON)

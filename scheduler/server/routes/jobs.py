@@ -15,6 +15,7 @@ from scheduler.server import jobcontrol
 from scheduler.server import service as svc
 from scheduler.server.api_models import MAX_ID, JobSubmit, JobUpdate
 from scheduler.server.auth import Identity
+from scheduler.server.fetch import fetch_manifest
 from scheduler.server.routes.base import PERSON, Access, JobId, Routes, again, bearer, context, known, who
 from scheduler.server.views import JobFilter, explain_view, history_view, queue_view
 from scheduler.store.models import Job
@@ -74,7 +75,7 @@ def queue(request: Request, all: bool = False, user: UserName = None, state: Sta
     f = JobFilter.of(user=user, states=state, name=name, limit=limit, after=after, ended_after=ended_after)
     with ctx.db.read() as s:
         return queue_view(s, ctx.clock.now(), ctx.settings.policy, include_done=all or bool(f.states) or ended_after is not None,
-                          where=f)
+                          where=f, disk_floor_bytes=ctx.settings.disk_floor_bytes)
 
 
 @routes.route("GET", "/v1/history", PERSON)
@@ -97,8 +98,9 @@ def show(job_id: JobId, request: Request) -> dict[str, Any]:
 
 @routes.route("GET", "/v1/jobs/{job_id}/explain", PERSON)
 def explain(job_id: JobId, request: Request) -> dict[str, Any]:
-    with context(request).db.read() as s:
-        return explain_view(s, svc.get_job(s, job_id))
+    ctx = context(request)
+    with ctx.db.read() as s:
+        return explain_view(s, svc.get_job(s, job_id), ctx.settings.disk_floor_bytes)
 
 
 @routes.route("POST", "/v1/jobs/{job_id}/cancel", JOB_OWNER)
@@ -118,6 +120,16 @@ def logs(job_id: JobId, request: Request, rank: Annotated[int | None, Query(ge=0
         job = svc.get_job(s, job_id)
         svc.require_owner(job, me)
         return svc.job_logs(s, job, rank, after)
+
+
+@routes.route("GET", "/v1/jobs/{job_id}/fetch", JOB_OWNER)
+def fetch(job_id: JobId, request: Request) -> dict[str, Any]:
+    """``gsched fetch``: the final checkpoint's sources with read tickets, and the metric lines."""
+    me = who(request)
+    with context(request).db.read() as s:
+        job = svc.get_job(s, job_id)
+        svc.require_owner(job, me)
+        return fetch_manifest(s, job)
 
 
 @routes.route("POST", "/v1/jobs/{job_id}/hold", JOB_OWNER)
