@@ -36,7 +36,8 @@ def test_the_owner_fetches_a_finished_job_and_the_nodes_remove_it_after_the_rete
     name = final["path"].rsplit("/", 1)[-1]
     assert hashlib.sha256((out / name).read_bytes()).hexdigest() == final["sha256"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(lines) >= 2 and all(x["attempt"] == 0 for x in lines)  # a line an epoch at least, one attempt
+    # a line an epoch at least, all of the job's one attempt
+    assert len(lines) >= 2 and {x["attempt"] for x in lines} == {doc["attempt"]} == {1}, lines
     assert (out / "rank-0.log").read_text()
     assert f"checkpoint epoch {final['epoch']}" in done.stdout
 
