@@ -229,10 +229,10 @@ def lay_out(
             if not any(n not in used and all(n not in out[i] for i, _ in stripe) for n, _ in nodes):
                 avoid = set()  # more stripes than free nodes: share one of this copy's nodes
             holding: dict[str, int] = defaultdict(int)  # bytes of this stripe each node holds now
-            for i, size in stripe:
+            for i, nbytes in stripe:
                 for n in set((held or {}).get(i, ())):
                     if n in rack:
-                        holding[n] += size
+                        holding[n] += nbytes
             plan = place_replicas(stripe, nodes, copy + 1, existing={i: out[i] for i, _ in stripe},
                                   node_bytes=load, group_bytes=dict(holding), room=left, exclude=avoid)
             size = dict(stripe)
