@@ -8,9 +8,10 @@ follows its jobs: the node count most of its latest jobs spanned (``observed_spa
 1. **Missing copies**: a shard with fewer healthy copies (on up nodes) than R gets new ones, on the
    target's nodes (a lost node's copies are made again in the shape the data set had, a stripe as a
    stripe), a corrupt copy repaired in place first.
-2. **Re-balance**: with the concurrency left, copies the target has and the layout lacks are made;
+2. **Re-balance**, once some job has read the data set (before, its layout is what it was made or
+   registered with): with the concurrency left, copies the target has and the layout lacks are made;
    a copy the target does not have is dropped once every copy the target has of that shard is healthy
-   and at least R others stay healthy, and never while a job not yet over reads it.
+   and R healthy copies stay without it, and never while a job not yet over reads it.
 
 At most ``concurrency`` copies are in flight cluster-wide, so training traffic is not starved.  A data
 set with a copy on a drained node is not re-balanced (it gets missing copies only) until the node is
@@ -53,6 +54,7 @@ class _Copies:
     required: dict[str, int]
     span: dict[str, int]
     in_use: set[tuple[str, int, str]]
+    seen: set[str] = field(default_factory=set)  # data sets some job has read: those are re-balanced
     targets: dict[str, dict[int, list[str]]] = field(default_factory=dict)
     up_names: set[str] = field(default_factory=set)
     shards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # data set -> (index, bytes)
@@ -150,6 +152,8 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
 def _follow_jobs(s: Session, now: float, c: _Copies) -> None:
     """A data set whose latest jobs span another number of nodes than its span takes theirs (an event)."""
     for d in s.scalars(select(Dataset).order_by(Dataset.name)):
+        if d.job_spans:
+            c.seen.add(d.name)
         seen = observed_span(d.job_spans or [])
         if seen is not None and seen != d.span:
             record(s, now, "server", "data.span", f"{d.name}: span {d.span} -> {seen}, the span most of its latest "
@@ -203,8 +207,8 @@ def _missing_copies(s: Session, now: float, c: _Copies, budget: int) -> int:
 def _rebalance(s: Session, now: float, c: _Copies, budget: int) -> int:
     """Step 2: move each data set's layout toward its target, copies first, surplus dropped after."""
     made = 0
-    for ds in sorted(c.required):
-        want = c.required[ds]
+    for ds in sorted(c.seen):
+        want = c.required.get(ds, 0)
         shards = [i for i, _ in c.shards.get(ds, [])]
         if any(n in c.drained for i in shards for n, _ in c.reps.get((ds, i), [])):
             continue

@@ -143,3 +143,15 @@ def test_a_lost_stripe_is_made_again_as_a_stripe_on_another_node(db: Database) -
     with db.session() as s:
         assert schedule_replication(s, clock.advance(1), concurrency=16) == 2
     assert planned(db) == [(1, "n1", "n4"), (3, "n1", "n4")]
+
+
+def test_a_data_set_no_job_has_read_keeps_the_layout_it_was_registered_with(db: Database) -> None:
+    """Registered in place on n1 with span 2 (one-device nodes): whole on n1, unlike lay_out's stripes.
+    Until a job reads it nothing moves: re-balancing follows the jobs seen, not the guess at creation."""
+    clock = FakeClock(1000.0)
+    make_dataset(db, replicas=1, span=2)
+    agents = Agents(db, clock, {"n1": {0, 1, 2, 3}, "n2": set()}, devices=1)
+    agents.beat_all()
+    with db.session() as s:
+        assert schedule_replication(s, clock.advance(1), concurrency=4) == 0
+        assert s.scalars(select(Transfer)).all() == []
