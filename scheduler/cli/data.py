@@ -136,6 +136,7 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
     body = {"name": args.name, "source": source[:512], "classes": classes, "image_shape": [],
             "replicas": args.replicas, "span": args.span, "shards": shards, "in_place": in_place}
     reply = c.post("/v1/datasets", body)
+    linked: list[dict[str, Any]] = []
     for link in reply["links"]:
         payload = json.dumps({"path": link["path"]}).encode()
         try:
@@ -143,12 +144,25 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
                  payload, {"X-Gsched-Ticket": link["ticket"], "Content-Type": "application/json",
                            "Content-Length": str(len(payload))}, timeout_s=600)
         except ServerError as e:
-            print(f"gsched data add: {e.message.strip()}", file=sys.stderr)
-            return 2
+            return _roll_back(c, args.name, linked, e.message.strip())
         except OSError as e:
-            print(f"gsched data add: node {link['node']} ({link['address']}) did not answer: {e}", file=sys.stderr)
-            return 2
+            return _roll_back(c, args.name, linked, f"node {link['node']} ({link['address']}) did not answer: {e}")
+        linked.append({"shard": link["shard"], "node": link["node"]})
     return _await_healthy(c, args.name)
+
+
+def _roll_back(c: Client, name: str, linked: list[dict[str, Any]], why: str) -> int:
+    """A link failed: say why, and ask the server to forget the registration (it refuses once a copy is
+    healthy); exits 2 either way."""
+    print(f"gsched data add: {why}", file=sys.stderr)
+    try:
+        c.post(f"/v1/datasets/{name}/abandon", {"linked": linked, "reason": why[:2048]})
+    except ServerError as e:
+        print(f"gsched data add: {e.message.strip()}", file=sys.stderr)
+        return 2
+    print(f"gsched data add: the registration of {name!r} was rolled back and the name is free again; "
+          f"fix the file and run gsched data add again", file=sys.stderr)
+    return 2
 
 
 def _upload(up: dict[str, Any], name: str, path: Path, sha: str) -> int:

@@ -14,18 +14,19 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
-from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
+from scheduler.core.jobspec import stored
+from scheduler.core.lifecycle import FINAL, NodeState, ReplicaState, TransferState
 from scheduler.core.replicas import default_span, lay_out, reported_room
 from scheduler.protocol.messages import DATASET
 from scheduler.protocol.tickets import ticket
-from scheduler.server.api_models import DatasetIn
+from scheduler.server.api_models import AbandonIn, DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
-from scheduler.store.models import Dataset, Device, Node, Replica, Shard, Transfer
+from scheduler.store.models import Dataset, Device, Job, Node, Replica, Shard, Transfer
 
 
 def valid_dataset_name(name: str) -> bool:
@@ -153,6 +154,45 @@ def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n
     record(s, now, who.actor, "data.add", f"{body.name}: {len(body.shards)} shards in place on {', '.join(nodes)}, "
                                           f"{body.replicas} replicas")
     return {"name": body.name, "links": links, "uploads": [], "warning": ""}
+
+
+def abandon_registration(s: Session, now: float, who: Identity, name: str, body: AbandonIn) -> dict[str, Any]:
+    """``gsched data add`` whose link step failed (a file changed since it was hashed, say): forget the
+    data set it registered, so the name is free again and no shard waits for a copy that never comes.
+
+    The data set's owner or an admin.  Only while none of its copies is healthy: it is refused (409,
+    naming a healthy copy) once one is, and while a job not yet over names the data set; nothing is
+    changed then.  Otherwise its manifest and expected copies are deleted, and each copy in
+    ``body.linked`` gets a delete order (its agent removes the link, never the file it links to).  Touches
+    nothing else stored.  Idempotent in effect: a second call finds no data set (404)."""
+    require_person(who)
+    d = s.get(Dataset, name)
+    if d is None:
+        raise NotFound(f"no data set {name!r}")
+    require_dataset_owner(d, who)
+    copies = list(s.scalars(select(Replica).where(Replica.dataset == name).order_by(Replica.shard, Replica.node)))
+    healthy = next((r for r in copies if r.state == ReplicaState.HEALTHY), None)
+    if healthy is not None:
+        raise Conflict(f"data set {name!r} is not rolled back: shard {healthy.shard} has a healthy copy on node "
+                       f"{healthy.node} (gsched data ls {name}); nothing was changed", "name")
+    for job in s.scalars(select(Job).where(Job.state.not_in(FINAL))):
+        if stored(job.spec).dataset == name:
+            raise Conflict(f"data set {name!r} is not rolled back: job {job.id} reads it (gsched cancel {job.id} "
+                           f"first); nothing was changed", "name")
+    for r in copies:
+        s.delete(r)
+    for sh in s.scalars(select(Shard).where(Shard.dataset == name)):
+        s.delete(sh)
+    s.execute(delete(Transfer).where(Transfer.dataset == name, Transfer.job_id.is_(None),
+                                     Transfer.state.in_((TransferState.PENDING, TransferState.RUNNING))))
+    s.flush()
+    s.delete(d)
+    for ref in sorted({(c.shard, c.node) for c in body.linked}):
+        s.add(Transfer(job_id=None, dataset=name, shard=ref[0], src=ref[1], dst=ref[1], bytes=0,
+                       state=TransferState.DELETE, created_at=now))
+    why = f": {body.reason}" if body.reason else ""
+    record(s, now, who.actor, "data.abandon", f"{name}: registration rolled back{why}")
+    return {"name": name, "rolled_back": True, "unlinked": len({(c.shard, c.node) for c in body.linked})}
 
 
 def require_dataset_owner(d: Dataset, who: Identity) -> None:
