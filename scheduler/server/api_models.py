@@ -144,9 +144,10 @@ class CopyRef(_In):
 
 
 class AbandonIn(_In):
-    """``gsched data add`` whose link step failed: the copies it linked before, and why it stopped."""
+    """``gsched data add`` whose link step failed: the copies it linked, those it could not, and why."""
 
     linked: list[CopyRef] = Field(default_factory=list, max_length=200000)
+    failed: list[CopyRef] = Field(default_factory=list, max_length=200000)
     reason: str = Field("", max_length=2048)
 
 
