@@ -1,7 +1,8 @@
 """Where the copies of a data set's shards go: whole copies kept together, rack-aware, balanced by bytes.
 
-Used by ``gsched data`` (first placement), by re-replication after a node is lost, and by the
-simulator.  Pure: the same arguments always give the same placement.
+Used by ``gsched data`` (first placement), by the cycle's replication phase (copies after a node is
+lost, and re-balancing toward the span a data set's jobs have: ``lay_out(..., held=)``,
+``observed_span``), and by the simulator.  Pure: the same arguments always give the same placement.
 
 Why together: a training rank reads its slice of the data set, and most jobs have one rank, which
 reads it all.  Spread shard by shard over the least-loaded nodes (as HDFS spreads blocks), a data
