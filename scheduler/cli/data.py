@@ -136,6 +136,9 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
     body = {"name": args.name, "source": source[:512], "classes": classes, "image_shape": [],
             "replicas": args.replicas, "span": args.span, "shards": shards, "in_place": in_place}
     reply = c.post("/v1/datasets", body)
+    linked: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    errors: list[str] = []
     for link in reply["links"]:
         payload = json.dumps({"path": link["path"]}).encode()
         try:
@@ -143,12 +146,36 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
                  payload, {"X-Gsched-Ticket": link["ticket"], "Content-Type": "application/json",
                            "Content-Length": str(len(payload))}, timeout_s=600)
         except ServerError as e:
-            print(f"gsched data add: {e.message.strip()}", file=sys.stderr)
-            return 2
+            errors.append(e.message.strip())
         except OSError as e:
-            print(f"gsched data add: node {link['node']} ({link['address']}) did not answer: {e}", file=sys.stderr)
-            return 2
+            errors.append(f"node {link['node']} ({link['address']}) did not answer: {e}")
+        else:
+            linked.append({"shard": link["shard"], "node": link["node"]})
+            continue
+        failed.append({"shard": link["shard"], "node": link["node"]})
+    if failed and _roll_back(c, args.name, linked, failed, errors):
+        return 2
     return _await_healthy(c, args.name)
+
+
+def _roll_back(c: Client, name: str, linked: list[dict[str, Any]], failed: list[dict[str, Any]],
+               errors: list[str]) -> bool:
+    """Links failed: say why, and ask the server to roll the registration back (it does when a shard is
+    left with no copy).  True when the command is over (rolled back, or refused)."""
+    for e in errors:
+        print(f"gsched data add: {e}", file=sys.stderr)
+    try:
+        out = c.post(f"/v1/datasets/{name}/abandon", {"linked": linked, "failed": failed,
+                                                       "reason": "; ".join(errors)[:2048]})
+    except ServerError as e:
+        print(f"gsched data add: {e.message.strip()}", file=sys.stderr)
+        return True
+    if not out["rolled_back"]:
+        print(f"gsched data add: {name!r} is kept: {out['why']}", file=sys.stderr)
+        return False
+    print(f"gsched data add: the registration of {name!r} was rolled back ({out['why']}) and the name is free "
+          f"again; fix the file and run gsched data add again", file=sys.stderr)
+    return True
 
 
 def _upload(up: dict[str, Any], name: str, path: Path, sha: str) -> int:

@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--replicas", type=int, default=2, help="copies of each shard kept on the nodes (default 2)")
     dm.add_argument("--span", type=int, default=None,
                     help="nodes its jobs spread over: copies are striped over this many (default: with one "
-                         "replica every up node, up to one a shard; with more, 1: every copy whole)")
+                         "replica every up node, up to one a shard; with more, 1: every copy whole); once jobs read it, the "
+                         "span most of them had")
     dm.add_argument("--seed", type=int, default=0, help="seed of a synthetic source and of the shuffle (default 0)")
     dm.add_argument("--format", choices=("gshard", "wds"), default="gshard",
                     help="shard files: gsched's GSHARD1, or WebDataset tars (KEY.png + KEY.cls)")

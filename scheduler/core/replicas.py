@@ -1,7 +1,8 @@
 """Where the copies of a data set's shards go: whole copies kept together, rack-aware, balanced by bytes.
 
-Used by ``gsched data`` (first placement), by re-replication after a node is lost, and by the
-simulator.  Pure: the same arguments always give the same placement.
+Used by ``gsched data`` (first placement), by the cycle's replication phase (copies after a node is
+lost, and re-balancing toward the span a data set's jobs have: ``lay_out(..., held=)``,
+``observed_span``), and by the simulator.  Pure: the same arguments always give the same placement.
 
 Why together: a training rank reads its slice of the data set, and most jobs have one rank, which
 reads it all.  Spread shard by shard over the least-loaded nodes (as HDFS spreads blocks), a data
@@ -21,6 +22,7 @@ over ``w`` nodes each (gangs).
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 
@@ -147,6 +149,30 @@ def default_span(replicas: int, nodes: int, shards: int, devices_per_node: int =
     return 1
 
 
+SPANS_KEPT = 16  # how many of a data set's latest jobs its observed span is taken from
+
+
+def seen_spans(spans: Sequence[int], nodes: int, keep: int = SPANS_KEPT) -> list[int]:
+    """``spans`` (a data set's latest jobs' node counts, oldest first) with one more job that spans
+    ``nodes`` nodes, keeping the latest ``keep``.  Called by the binder for every job bound to read a
+    data set."""
+    return [*spans, max(1, nodes)][-keep:]
+
+
+def observed_span(spans: Sequence[int]) -> int | None:
+    """The span a data set's jobs actually have: the node count most of its latest jobs spanned (ties to
+    the larger, where a gang reads locally and a one-node job reads its stripe); None before any job.
+
+    With one copy this decides whole (1) or striped; with two or more, one copy stays whole whatever it
+    says (``lay_out``), so a 1 here means no gang is common enough to stripe the others for."""
+    if not spans:
+        return None
+    counts: dict[int, int] = defaultdict(int)
+    for n in spans:
+        counts[n] += 1
+    return max(counts, key=lambda n: (counts[n], n))
+
+
 def lay_out(
     shards: Sequence[tuple[int, int]],
     nodes: Sequence[tuple[str, str]],
@@ -154,8 +180,9 @@ def lay_out(
     span: int = 1,
     node_bytes: Mapping[str, int] | None = None,
     room: Mapping[str, int] | None = None,
+    held: Mapping[int, Collection[str]] | None = None,
 ) -> dict[int, list[str]]:
-    """A new data set's layout: shard index -> nodes, for ``replicas`` copies shaped for jobs of ``span`` nodes.
+    """A data set's layout: shard index -> nodes, for ``replicas`` copies shaped for jobs of ``span`` nodes.
 
     Copy 0 is whole on one node when ``replicas >= 2`` or ``span <= 1``; every other copy (and copy 0
     when ``replicas == 1`` and ``span >= 2``) is *striped*: its shards are dealt round-robin by index
@@ -164,10 +191,28 @@ def lay_out(
     made so far as ``existing``, so every rule there holds per shard: copies on distinct nodes, never
     all in one rack, room respected, least loaded first (ties by name).  Where the nodes run out a
     stripe shares a node with another stripe of its copy (never with another copy of its shards).
-    Pure.  With ``span <= 1`` it gives exactly what ``place_replicas`` gives.
+    Pure.  With ``span <= 1`` and no ``held`` it gives exactly what ``place_replicas`` gives.
+
+    ``held`` (shard index -> nodes holding a copy now, or getting one) turns it into the *target* of a
+    re-balance: each whole copy or stripe goes to the allowed node already holding the most of its bytes
+    (``place_replicas``' together rule, counted per stripe), so a layout that already has the shape is
+    its own target and only the copies the shape lacks move; the bytes a node holds of this data set
+    count as room it has.  ``node_bytes`` then includes those copies.
     """
-    if span <= 1 or not shards:
+    if not shards:
+        return {}
+    rack = dict(nodes)
+    sizes = dict(shards)
+    mine: dict[str, int] = defaultdict(int)  # bytes of this data set each allowed node holds
+    for i, holders in (held or {}).items():
+        for n in set(holders):
+            if n in rack and i in sizes:
+                mine[n] += sizes[i]
+    room = {n: b + mine.get(n, 0) for n, b in room.items()} if room is not None and held else room
+    if span <= 1 and not held:
         return place_replicas(shards, nodes, replicas, node_bytes=node_bytes, room=room)
+    if span <= 1:
+        return place_replicas(shards, nodes, replicas, node_bytes=node_bytes, group_bytes=dict(mine), room=room)
     load: dict[str, int] = {n: 0 for n, _ in nodes}
     for n, b in (node_bytes or {}).items():
         if n in load:
@@ -184,8 +229,13 @@ def lay_out(
             avoid: set[str] = used
             if not any(n not in used and all(n not in out[i] for i, _ in stripe) for n, _ in nodes):
                 avoid = set()  # more stripes than free nodes: share one of this copy's nodes
+            holding: dict[str, int] = defaultdict(int)  # bytes of this stripe each node holds now
+            for i, nbytes in stripe:
+                for n in set((held or {}).get(i, ())):
+                    if n in rack:
+                        holding[n] += nbytes
             plan = place_replicas(stripe, nodes, copy + 1, existing={i: out[i] for i, _ in stripe},
-                                  node_bytes=load, group_bytes={}, room=left, exclude=avoid)
+                                  node_bytes=load, group_bytes=dict(holding), room=left, exclude=avoid)
             size = dict(stripe)
             for i, holders in plan.items():
                 for n in holders[len(out[i]):]:

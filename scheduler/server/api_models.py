@@ -138,5 +138,18 @@ class ScanIn(_In):
         return v
 
 
+class CopyRef(_In):
+    shard: int = Field(ge=0, le=99999)
+    node: str = Field(pattern=NODE)
+
+
+class AbandonIn(_In):
+    """``gsched data add`` whose link step failed: the copies it linked, those it could not, and why."""
+
+    linked: list[CopyRef] = Field(default_factory=list, max_length=200000)
+    failed: list[CopyRef] = Field(default_factory=list, max_length=200000)
+    reason: str = Field("", max_length=2048)
+
+
 class PlaceIn(_In):
     replicas: int = Field(ge=1, le=16)

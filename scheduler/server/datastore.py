@@ -14,19 +14,20 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.diskfloor import under_floor
 from scheduler.core.errors import Conflict, Forbidden, NotFound, Unprocessable
-from scheduler.core.lifecycle import NodeState, ReplicaState, TransferState
+from scheduler.core.jobspec import stored
+from scheduler.core.lifecycle import FINAL, NodeState, ReplicaState, TransferState
 from scheduler.core.replicas import default_span, lay_out
 from scheduler.protocol.messages import DATASET
 from scheduler.protocol.tickets import ticket
-from scheduler.server.api_models import DatasetIn
+from scheduler.server.api_models import AbandonIn, DatasetIn
 from scheduler.server.auth import Identity
 from scheduler.server.service import peer_key, record, require_person
-from scheduler.store.models import Dataset, Device, Node, Replica, Shard, Transfer
+from scheduler.store.models import Dataset, Device, Job, Node, Replica, Shard, Transfer
 from scheduler.store.room_reader import node_room
 
 
@@ -90,6 +91,9 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn, dis
     require_person(who)
     if s.get(Dataset, body.name) is not None:
         raise Conflict(f"data set {body.name!r} already exists")
+    # a registration of this name rolled back just now may have left delete orders no agent has taken
+    # yet: they were for the old files and must not remove the new ones
+    s.execute(delete(Transfer).where(Transfer.dataset == body.name, Transfer.state == TransferState.DELETE))
     indexes = [sh.index for sh in body.shards]
     if sorted(indexes) != list(range(len(indexes))):
         raise Unprocessable("shards: indexes must be 0..N-1, each once", "shards")
@@ -157,6 +161,53 @@ def _register_in_place(s: Session, now: float, who: Identity, body: DatasetIn, n
     record(s, now, who.actor, "data.add", f"{body.name}: {len(body.shards)} shards in place on {', '.join(nodes)}, "
                                           f"{body.replicas} replicas")
     return {"name": body.name, "links": links, "uploads": [], "warning": ""}
+
+
+def abandon_registration(s: Session, now: float, who: Identity, name: str, body: AbandonIn) -> dict[str, Any]:
+    """``gsched data add`` whose link step failed for some files (one changed since it was hashed, say).
+
+    The data set's owner or an admin.  When a shard whose link failed has no copy at all (none healthy,
+    none in ``body.linked``), the data set could never be read: the registration is rolled back, so the
+    name is free again; its manifest and expected copies are deleted and every copy of it that exists
+    or may (links made, copies made or under way) gets a delete order (an agent removes the shard file,
+    which for a link never touches the file it links to).  Otherwise it is kept, ``rolled_back`` false:
+    the cycle makes the missing copies from the others.  Refused (409, nothing changed) while a job not
+    yet over names the data set.  Touches nothing else stored; a second call finds no data set (404)."""
+    require_person(who)
+    d = s.get(Dataset, name)
+    if d is None:
+        raise NotFound(f"no data set {name!r}")
+    require_dataset_owner(d, who)
+    copies = list(s.scalars(select(Replica).where(Replica.dataset == name).order_by(Replica.shard, Replica.node)))
+    held = {(r.shard, r.node) for r in copies if r.state == ReplicaState.HEALTHY} | {(c.shard, c.node) for c in body.linked}
+    lost = sorted({f.shard for f in body.failed} - {shard for shard, _ in held})
+    if not lost:
+        record(s, now, who.actor, "data.add", f"{name}: kept although links failed ({body.reason}); every shard has "
+                                              f"a copy, the cycle makes the missing ones")
+        return {"name": name, "rolled_back": False,
+                "why": "every shard whose link failed has a copy on another node: the cycle makes the missing copies"}
+    for job in s.scalars(select(Job).where(Job.state.not_in(FINAL))):
+        if stored(job.spec).dataset == name:
+            raise Conflict(f"data set {name!r} is not rolled back: job {job.id} reads it (gsched cancel {job.id} "
+                           f"first); nothing was changed", "name")
+    inflight = [(t.shard, t.dst) for t in s.scalars(select(Transfer).where(
+        Transfer.dataset == name, Transfer.job_id.is_(None), Transfer.state.in_((TransferState.PENDING,
+                                                                                 TransferState.RUNNING))))]
+    drop = sorted({(r.shard, r.node) for r in copies} | held | set(inflight))
+    for r in copies:
+        s.delete(r)
+    for sh in s.scalars(select(Shard).where(Shard.dataset == name)):
+        s.delete(sh)
+    s.execute(delete(Transfer).where(Transfer.dataset == name, Transfer.job_id.is_(None),
+                                     Transfer.state.in_((TransferState.PENDING, TransferState.RUNNING))))
+    s.flush()
+    s.delete(d)
+    for shard, node in drop:
+        s.add(Transfer(job_id=None, dataset=name, shard=shard, src=node, dst=node, bytes=0,
+                       state=TransferState.DELETE, created_at=now))
+    record(s, now, who.actor, "data.abandon", f"{name}: registration rolled back, shard {lost[0]} has no copy"
+                                              f"{': ' + body.reason if body.reason else ''}")
+    return {"name": name, "rolled_back": True, "why": f"shard {lost[0]} has no copy", "dropped": len(drop)}
 
 
 def require_dataset_owner(d: Dataset, who: Identity) -> None:

@@ -73,6 +73,7 @@ from scheduler.store.models import (
 
 LIVE_RANK = RANK_LIVE
 SHA256 = re.compile(r"[0-9a-f]{64}")
+DROP_GRACE_S = 120.0  # how long a dropped copy the agent still lists is not taken back as a copy
 MAX_RESUME = 8  # checkpoints an assignment names to resume from: the newest, then older ones to fall back on
 
 
@@ -153,12 +154,21 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
     manifest = {(d, i): (sha, size) for d, i, sha, size in s.execute(
         select(Shard.dataset, Shard.index, Shard.sha256, Shard.bytes).where(Shard.dataset.in_(names)))} if names else {}
     rows = {(r.dataset, r.shard): r for r in s.scalars(select(Replica).where(Replica.node == hb.node))}
+    # copies the server dropped lately (lower R, a re-balance: an order with src == dst): the agent may
+    # list one until it has acted on the order, and it must not come back as a copy meanwhile; unless a
+    # copy was sent here since (the latest order for the shard here decides)
+    dropped: dict[tuple[str, int], bool] = {}
+    for d, i, src in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.src).where(
+            Transfer.dst == hb.node, Transfer.created_at > now - DROP_GRACE_S).order_by(Transfer.id)):
+        dropped[(d, i)] = src == hb.node
     reported = set()
     for rep in hb.replicas:
         key = (rep.dataset, rep.shard)
         sh = manifest.get(key)
         if sh is None:
             continue  # a file the cluster does not know; left alone
+        if key not in rows and dropped.get(key, False):
+            continue
         reported.add(key)
         state = ReplicaState.HEALTHY if rep.sha256 == sh[0] and rep.bytes == sh[1] else ReplicaState.CORRUPT
         row = rows.get(key)

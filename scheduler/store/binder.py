@@ -22,9 +22,10 @@ from scheduler.core.diskfloor import under_floor
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, RankState, TransferState
 from scheduler.core.placement import Candidate
+from scheduler.core.replicas import seen_spans
 from scheduler.store.db import Database
 from scheduler.store.effects import bind_job
-from scheduler.store.models import Device, Job, Node, Rank, ShardAssignment, Transfer
+from scheduler.store.models import Dataset, Device, Job, Node, Rank, ShardAssignment, Transfer
 
 
 def busy_devices(s: Session) -> dict[str, set[int]]:
@@ -49,7 +50,8 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     with it too).  A bound job is BOUND with attempt + 1; each rank gets the lowest free device indexes
     of its node, in rank order, and is stamped ``max(now, clock())`` taken after the check, so a binding never predates
     the release it relies on.  Its shard reads are stored, a transfer for each read that is not local,
-    and a ``job.bind`` event.
+    and a ``job.bind`` event, and the data set it reads notes how many nodes it spans
+    (``Dataset.job_spans``).
     """
     job = s.get(Job, job_id)
     if job is None:
@@ -84,6 +86,9 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     for read in plan.staging:
         s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
                        bytes=read.bytes, state=TransferState.JOB, created_at=now))
+    read_set = s.get(Dataset, dataset) if dataset else None
+    if read_set is not None:  # the shape its jobs have: the cycle's re-balance lays the data set out for it
+        read_set.job_spans = seen_spans(read_set.job_spans or [], len({slot.node for slot in plan.ranks}))
     return None
 
 

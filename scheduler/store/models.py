@@ -101,6 +101,9 @@ class Dataset(Base):
     # how many nodes the data set's jobs spread over: its layout stripes copies over this many
     # (scheduler.core.replicas.lay_out); 1 keeps every copy whole on one node
     span: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # how many nodes each of its latest jobs spanned, oldest first (scheduler.core.replicas.seen_spans,
+    # written at bind): the cycle re-balances the layout toward the span most of them had
+    job_spans: Mapped[Any] = mapped_column(JSON, default=list, server_default="[]")
     owner: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[float] = mapped_column(Float)
 

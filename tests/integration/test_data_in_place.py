@@ -120,3 +120,36 @@ def test_data_ls_shows_each_copy_under_way_with_its_progress(make_cluster):  # t
     c.wait_for(lambda: c.admin().get("/v1/datasets")[0]["replicas_healthy_min"] == 2, 120, "both copies")
     (ds,) = c.admin().get("/v1/datasets")
     assert all(sh["copies"] == [] for sh in ds["shards"])
+
+
+def test_a_file_changed_before_its_link_rolls_the_registration_back(cluster, monkeypatch, capsys):  # type: ignore[no-untyped-def]
+    """train-001.tar changes after n1's agent hashed it: its link is refused naming the file, the server
+    forgets the data set (the name is free, the link already made for shard 0 is removed, the files stay)
+    and the same command then registers the files as they are now."""
+    import argparse
+
+    from scheduler.cli import data
+
+    c = cluster
+    folder = c.data_dir("n1") / "team-files"
+    scan = data._scan
+
+    def scan_then_change(*args, **kw):  # type: ignore[no-untyped-def]
+        found = scan(*args, **kw)
+        (folder / "train-001.tar").write_bytes((folder / "train-000.tar").read_bytes() + b"changed")
+        return found
+
+    monkeypatch.setattr(data, "_scan", scan_then_change)
+    args = argparse.Namespace(name="team", node=["n1"], path=["team-files"], glob="*.tar", replicas=1, span=None,
+                              classes=None)
+    assert data.add_dataset(c.admin(), args) == 2
+    err = capsys.readouterr().err
+    assert "node n1: team-files/train-001.tar no longer has the bytes registered" in err
+    assert "the registration of 'team' was rolled back (shard 1 has no copy) and the name is free again" in err
+    assert c.admin().get("/v1/datasets") == []
+    c.wait_for(lambda: not shard_path(c.data_dir("n1"), "team", 0).exists(), 30, "shard 0's link removed")
+    assert (folder / "train-000.tar").exists() and (folder / "train-001.tar").exists()
+    monkeypatch.setattr(data, "_scan", scan)
+    c.cli("data", "add", "team", "--node", "n1", "--path", "team-files", "--glob", "*.tar", "--replicas", "1")
+    (ds,) = c.admin().get("/v1/datasets")
+    assert ds["name"] == "team" and len(ds["shards"]) == 2

@@ -1,7 +1,7 @@
 """Replica placement: distinct nodes, rack-aware, each copy of a data set kept whole on one node where it
 fits, balanced by bytes across data sets, keeps existing copies, re-makes a lost node's shards together."""
 
-from scheduler.core.replicas import default_span, lay_out, place_replicas
+from scheduler.core.replicas import default_span, lay_out, observed_span, place_replicas, seen_spans
 
 GB = 1_000_000_000
 TWO_RACKS = [("a", "r1"), ("b", "r1"), ("c", "r1"), ("d", "r2")]
@@ -153,3 +153,67 @@ def test_default_span() -> None:
     assert default_span(1, nodes=8, shards=4) == 4  # at most one stripe per shard
     assert default_span(2, nodes=8, shards=4) == 1  # two or more copies: whole, each node of a gang may hold one
     assert default_span(1, nodes=16, shards=16, devices_per_node=8) == 1  # most jobs fit on one 8-device node
+
+
+# Re-balancing: lay_out(..., held=current) is the target a data set's layout moves toward once its jobs
+# are seen.  A layout that has the shape already is its own target; otherwise only what it lacks moves.
+
+
+def test_observed_span_is_the_most_common_of_the_latest_jobs_ties_to_the_larger() -> None:
+    assert observed_span([]) is None  # no job yet: keep the span given at creation
+    assert observed_span([2, 1, 2]) == 2
+    assert observed_span([1, 1, 2]) == 1
+    assert observed_span([1, 2]) == 2  # one of each: striped (a gang reads all, a one-node job half)
+    spans: list[int] = []
+    for n in [1] * 20 + [2] * 9:
+        spans = seen_spans(spans, n)
+    assert len(spans) == 16 and spans.count(2) == 9 and observed_span(spans) == 2  # only the latest 16 count
+    assert seen_spans([], 0) == [1]
+
+
+def test_a_whole_copy_moves_half_its_shards_when_its_jobs_span_two_nodes() -> None:
+    # R = 1, 4 shards of 1 GB whole on a; jobs span 2 nodes.  Stripes {0, 2} and {1, 3}: a holds all of
+    # {0, 2} (2 GB) so it keeps them; {1, 3} may not share a with its copy's other stripe and goes to the
+    # least loaded of b (3 GB stored) and c (1 GB): c.  So 2 copies move (1 and 3 to c), not 4.
+    nodes = [("a", "r"), ("b", "r"), ("c", "r")]
+    held = {i: ["a"] for i in range(4)}
+    load = {"a": 4 * GB, "b": 3 * GB, "c": GB}
+    target = lay_out([(i, GB) for i in range(4)], nodes, 1, span=2, node_bytes=load, held=held)
+    assert target == {0: ["a"], 1: ["c"], 2: ["a"], 3: ["c"]}
+    # once 1 and 3 sit on c (a still holding them until they are healthy) the target stays where it is
+    moved = {0: ["a"], 1: ["a", "c"], 2: ["a"], 3: ["a", "c"]}
+    assert lay_out([(i, GB) for i in range(4)], nodes, 1, span=2, node_bytes=load, held=moved) == target
+    # and without held the from-scratch layout would have put stripe {0, 2} on c and {1, 3} on b:
+    # all four shards would move
+    assert lay_out([(i, GB) for i in range(4)], nodes, 1, span=2, node_bytes=load) == {
+        0: ["c"], 1: ["b"], 2: ["c"], 3: ["b"]}
+
+
+def test_a_striped_copy_is_made_whole_again_where_most_of_it_is_when_jobs_span_one_node() -> None:
+    # R = 1 striped over a {0, 2} and b {1, 3}; jobs now span 1 node.  a and b hold 2 GB each: the tie
+    # goes to the less loaded (a: 2 GB, b: 5 GB with another data set), so 1 and 3 move to a.
+    nodes = [("a", "r"), ("b", "r")]
+    held = {0: ["a"], 1: ["b"], 2: ["a"], 3: ["b"]}
+    target = lay_out([(i, GB) for i in range(4)], nodes, 1, span=1, node_bytes={"a": 2 * GB, "b": 5 * GB}, held=held)
+    assert target == {i: ["a"] for i in range(4)}
+
+
+def test_a_lost_stripe_is_made_again_as_a_stripe_not_next_to_its_sibling() -> None:
+    # R = 2, span 2, 4 shards: copy 0 whole on a, copy 1 striped {0, 2} on b and {1, 3} on c; c is lost.
+    # Held now: a everything, b {0, 2}.  Copy 0: a (holds all 4 GB).  Copy 1, stripe {0, 2}: b holds it.
+    # Stripe {1, 3}: a holds them (copy 0), b holds this copy's other stripe, so d, the only other node.
+    # (place_replicas' together rule alone would have put 1 and 3 on b, making copy 1 whole again.)
+    nodes = [("a", "r1"), ("b", "r2"), ("d", "r2")]
+    held = {0: ["a", "b"], 1: ["a"], 2: ["a", "b"], 3: ["a"]}
+    load = {"a": 4 * GB, "b": 2 * GB, "d": 0}
+    target = lay_out([(i, GB) for i in range(4)], nodes, 2, span=2, node_bytes=load, held=held)
+    assert target == {0: ["a", "b"], 1: ["a", "d"], 2: ["a", "b"], 3: ["a", "d"]}
+
+
+def test_a_node_full_with_the_data_sets_own_copies_keeps_them() -> None:
+    # a reports 0 bytes free because it holds the data set: its own 2 GB count as room it has, so the
+    # stripe it holds stays on it
+    nodes = [("a", "r"), ("b", "r")]
+    held = {0: ["a"], 1: ["a"]}
+    target = lay_out([(0, GB), (1, GB)], nodes, 1, span=2, node_bytes={"a": 2 * GB}, room={"a": 0}, held=held)
+    assert target == {0: ["a"], 1: ["b"]}

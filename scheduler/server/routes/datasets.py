@@ -8,9 +8,15 @@ from typing import Any
 from fastapi import Request
 
 from scheduler.server import service as svc
-from scheduler.server.api_models import DatasetIn, PlaceIn, ScanIn
+from scheduler.server.api_models import AbandonIn, DatasetIn, PlaceIn, ScanIn
 from scheduler.server.auth import Identity
-from scheduler.server.datastore import register_dataset, require_dataset_owner, scan_tickets, set_replicas
+from scheduler.server.datastore import (
+    abandon_registration,
+    register_dataset,
+    require_dataset_owner,
+    scan_tickets,
+    set_replicas,
+)
 from scheduler.server.routes.base import PERSON, Access, Name, Routes, again, context
 from scheduler.store.models import Dataset
 
@@ -49,6 +55,14 @@ def place(name: Name, body: PlaceIn, request: Request) -> dict[str, Any]:
         out = set_replicas(s, ctx.clock.now(), again(s, request), name, body.replicas)
     ctx.poke()
     return out
+
+
+@routes.route("POST", "/v1/datasets/{name}/abandon", DATASET_OWNER)
+def abandon(name: Name, body: AbandonIn, request: Request) -> dict[str, Any]:
+    """``gsched data add`` whose link failed: roll the registration back (see datastore.abandon_registration)."""
+    ctx = context(request)
+    with ctx.db.session() as s:
+        return abandon_registration(s, ctx.clock.now(), again(s, request), name, body)
 
 
 @routes.route("GET", "/v1/transfers", PERSON)
