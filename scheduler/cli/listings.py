@@ -22,7 +22,7 @@ from scheduler.cli.columns import (
     table,
 )
 from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import Client
+from scheduler.protocol.client import Client
 
 RECENT_S = 600.0  # queue --watch keeps finished jobs on screen this long
 

@@ -13,7 +13,7 @@ from scheduler.cli.completion import SHELLS, complete, mark
 from scheduler.cli.connect import client
 from scheduler.cli.userconfig import UserConfigError
 from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import ServerError
+from scheduler.protocol.servererror import ServerError
 
 VERBS = {
     "login": "remember a server, token and CA in ~/.config/gsched/config.toml (mode 0600)",

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.client import Client
+from scheduler.protocol.servererror import ServerError
 
 
 def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interval_s: float = 1.0,
