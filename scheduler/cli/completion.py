@@ -15,7 +15,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing: 2 ms of every command's start, and only the annotations use it
+if TYPE_CHECKING:
+    from typing import Any
 
 SHELLS = ("bash", "zsh", "fish")
 
