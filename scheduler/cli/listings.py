@@ -1,6 +1,6 @@
 """``gsched queue``, ``history`` and ``nodes``: what they ask the server (filters are applied there,
-every page is read: no cap) and how they print it (the cockpit view, ``-o json``, ``-o wide`` or
-``--format``, see scheduler/cli/columns.py)."""
+every page is read: no cap) and how they print it (the cockpit view, drawn without rich by
+scheduler/cli/queuetext.py; ``-o json``, ``-o wide`` or ``--format``, see scheduler/cli/columns.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
 
 from scheduler.cli import exitcodes
 from scheduler.cli.columns import (
@@ -21,8 +20,12 @@ from scheduler.cli.columns import (
     pick,
     table,
 )
-from scheduler.core.lifecycle import FINAL
 from scheduler.protocol.client import Client
+from scheduler.protocol.states import FINAL
+
+TYPE_CHECKING = False  # typing: 2 ms of every listing's start, for annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 RECENT_S = 600.0  # queue --watch keeps finished jobs on screen this long
 
@@ -86,7 +89,7 @@ def cmd_queue(c: Client, args: argparse.Namespace) -> int:
     if names is not None:
         sys.stdout.write(table(view["jobs"], names, JOB_COLUMNS, view["time"]))
         return exitcodes.OK
-    from scheduler.cli.render import print_queue
+    from scheduler.cli.queuetext import print_queue  # the rich view's screen, without rich's start-up
 
     print_queue(view, note=_note(args, me))
     return exitcodes.OK
