@@ -37,7 +37,7 @@ class ServerNames:
             c = client(parsed_args)
             c.timeout_s = 2.0
             if self.kind == "jobs":
-                names = [str(j["id"]) for j in c.get("/v1/jobs")["jobs"]]
+                names = [str(j["id"]) for j in c.every_page("/v1/jobs")["jobs"]]
             elif self.kind == "datasets":
                 names = [d["name"] for d in c.get("/v1/datasets")]
             else:

@@ -30,17 +30,6 @@ if TYPE_CHECKING:
 RECENT_S = 600.0  # queue --watch keeps finished jobs on screen this long
 
 
-def every_page(c: Client, path: str, **query: Any) -> dict[str, Any]:
-    """``GET path`` page after page (``after`` = the last ``next``) until none is left: one document,
-    the first page's with every page's jobs."""
-    doc = c.get(path, **query)
-    jobs = list(doc["jobs"])
-    while doc.get("next") is not None:
-        doc = {**doc, **c.get(path, **query, after=doc["next"])}
-        jobs += doc["jobs"]
-    return {**doc, "jobs": jobs, "next": None}
-
-
 def _columns(args: argparse.Namespace, columns: dict[str, Any], default: tuple[str, ...]) -> list[str] | None:
     """The plain-table columns asked for, or None for the verb's own view (or JSON)."""
     if args.output == "json" or not (args.output == "wide" or args.format):
@@ -80,7 +69,7 @@ def cmd_queue(c: Client, args: argparse.Namespace) -> int:
             return {**query, "ended_after": time.time() - RECENT_S}
 
         return watch(c, select, args.interval, query=fresh, note=_note(args, me))
-    view = every_page(c, "/v1/jobs", **query, all="true" if args.all else None)
+    view = c.every_page("/v1/jobs", **query, all="true" if args.all else None)
     if args.output == "json":
         from scheduler.cli.queuefacts import job_facts
 
@@ -127,7 +116,7 @@ def cmd_history(c: Client, args: argparse.Namespace) -> int:
     if args.limit:
         doc = c.get("/v1/history", **query, limit=args.limit, after=args.after or None)
     else:
-        doc = every_page(c, "/v1/history", **query, after=args.after or None)
+        doc = c.every_page("/v1/history", **query, after=args.after or None)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
         return exitcodes.OK

@@ -75,3 +75,13 @@ class Client:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body if body is not None else {})
+
+    def every_page(self, path: str, **query: Any) -> dict[str, Any]:
+        """``GET path`` page after page (``after`` = the last page's ``next``) until none is left: one
+        document, the last page's with every page's ``jobs`` (``/v1/jobs``, ``/v1/history``)."""
+        doc = self.get(path, **query)
+        jobs = list(doc["jobs"])
+        while doc.get("next") is not None:
+            doc = {**doc, **self.get(path, **{**query, "after": doc["next"]})}
+            jobs += doc["jobs"]
+        return {**doc, "jobs": jobs, "next": None}

@@ -210,3 +210,38 @@ def test_with_a_proxy_variable_set_requests_go_through_urllib(servers, monkeypat
     with pytest.raises(ServerError) as e:
         Client(good.url, token="gsu_x", timeout_s=2).get("/v1/health")
     assert e.value.status == 0 and good.asked == [("GET", "/v1/health", b"")]
+
+
+def test_every_page_follows_next_and_keeps_the_callers_after() -> None:
+    """Pages of two jobs each: ``every_page`` asks with ``after`` = the last ``next`` (the caller's own
+    ``after`` only for the first), until ``next`` is null."""
+    from urllib.parse import parse_qs, urlsplit
+
+    asked: list[dict[str, list[str]]] = []
+
+    class Pages(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            q = parse_qs(urlsplit(self.path).query)
+            asked.append(q)
+            after = int(q.get("after", ["0"])[0])
+            ids = [i for i in range(after + 1, 8)][:2]
+            body = json.dumps({"time": 1.0, "jobs": [{"id": i} for i in ids],
+                               "next": ids[-1] if ids and ids[-1] < 7 else None}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        doc = Client(f"http://127.0.0.1:{httpd.server_address[1]}", token="gsu_x").every_page(
+            "/v1/history", user="bob", after=2)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert [j["id"] for j in doc["jobs"]] == [3, 4, 5, 6, 7] and doc["next"] is None
+    assert [q["after"] for q in asked] == [["2"], ["4"], ["6"]] and all(q["user"] == ["bob"] for q in asked)
