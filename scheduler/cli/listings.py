@@ -141,9 +141,7 @@ def cmd_nodes(c: Client, args: argparse.Namespace) -> int:
     if names is not None:
         sys.stdout.write(table(rows, names, NODE_COLUMNS, time.time()))
         return exitcodes.OK
-    from rich.console import Console
+    from scheduler.cli.queuetext import print_nodes  # the rich table's screen, without rich's start-up
 
-    from scheduler.cli.render import nodes_table
-
-    Console().print(nodes_table(rows))
+    print_nodes(rows, time.time())
     return exitcodes.OK

@@ -1,6 +1,6 @@
 """``gsched queue``'s view drawn as text, without rich: the screen the rich ``QueueView``
 (scheduler/cli/render.py) draws for the same width, from the same cells and layout
-(scheduler/cli/queuecells.py), so that one ``gsched queue`` does not pay rich's start-up (``import
+(scheduler/cli/queuecells.py), so that one ``gsched queue`` (or ``gsched nodes``) does not pay rich's start-up (``import
 rich.console`` alone took 27 ms on the 2-core build machine, more than a bare interpreter's start).
 ``queue --watch``, ``show`` and ``explain`` keep rich (a live display and nested panels).
 
@@ -224,3 +224,11 @@ def print_queue(view: dict[str, Any], note: str = "", stream: TextIO | None = No
     stream = stream or sys.stdout
     term = Terminal.of(stream)
     stream.write("\n".join(queue_lines(view, term, note)) + "\n")
+
+
+def print_nodes(nodes: list[dict[str, Any]], now: float, stream: TextIO | None = None) -> None:
+    """Write ``gsched nodes``' table to ``stream`` (stdout), drawn for it (``Terminal.of``)."""
+    stream = stream or sys.stdout
+    term = Terminal.of(stream)
+    lines = table(nodes_layout(nodes, now, term.ascii_only, width=term.width), term)
+    stream.write("\n".join(line.rstrip() for line in lines) + "\n")

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from scheduler.cli.queuefacts import eta_s, job_facts, plain_reason
-from scheduler.cli.queuetext import Terminal, queue_lines
+from scheduler.cli.queuetext import Terminal, queue_lines, table
 from scheduler.cli.render import QueueView, explain, fit_columns, job_detail
 from scheduler.core.reasons import FROM, Reason, ReasonKind
 
@@ -358,3 +358,13 @@ def test_the_plain_queue_reads_its_terminal_from_the_environment(monkeypatch: py
     monkeypatch.delenv("FORCE_COLOR")
     monkeypatch.delenv("NO_COLOR")
     assert not Terminal.of(stream).colour  # not a terminal
+
+
+@pytest.mark.parametrize("width", [60, 80, 150])
+def test_the_plain_nodes_table_is_the_rich_one(width: int) -> None:
+    from scheduler.cli.queuecells import nodes_layout
+    from scheduler.cli.render import nodes_table
+
+    nodes = long_words_state()["nodes"]
+    plain = "\n".join(line.rstrip() for line in table(nodes_layout(nodes, T, width=width), Terminal(width))) + "\n"
+    assert plain == screen(nodes_table(nodes, T, width=width), width)
