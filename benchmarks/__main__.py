@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only cycle,quality,control,launch,burst] [--results FILE]``.
+"""``python -m benchmarks [--quick] [--only cycle,quality,control,launch,burst,cli] [--results FILE]``.
 
 Every figure is one printed line: absolute values, a ratio against a baseline measured in the same
 run, the target and whether it is met.  The full run writes ``benchmarks/RESULTS.md`` (machine, date,
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common import Report, machine, today
 
-SECTIONS = ("cycle", "quality", "control", "launch", "burst")
+SECTIONS = ("cycle", "quality", "control", "launch", "burst", "cli")
 
 
 def write_results(report: Report, path: Path, argv: list[str], wall_s: float,
