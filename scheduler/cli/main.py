@@ -74,9 +74,9 @@ class Formatter(argparse.HelpFormatter):
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``verb``, one in which only that verb has its arguments (the others are
-    names in the list of verbs): building every verb's arguments is most of the parser's cost, and a
-    command parses one verb's.  Every verb's arguments when ``verb`` is None (help, completion)."""
+    """The whole parser; with ``verb``, one that knows that verb alone: building every verb's parser
+    is most of the parser's cost (27 parsers and their arguments), and a command parses one verb.
+    Every verb when ``verb`` is None: ``gsched --help``, a bad or missing verb, completion."""
     p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.",
                                 formatter_class=Formatter)
     p.add_argument("--version", action="store_true", help="print gsched's version and exit")
@@ -98,11 +98,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     # lzma and zlib) to ask the terminal's width.
     sub = p.add_subparsers(dest="verb", metavar="VERB", prog="gsched")
     for name, text in VERBS.items():
-        if verb is None or name == verb:
+        if verb is None or name == verb:  # another verb's parser would only serve `gsched --help`
             ARGUMENTS[name](sub.add_parser(name, help=text, description=text, formatter_class=Formatter,
                                            parents=[] if name == "login" else [common]), name)
-        else:  # named in `gsched --help` only: this run parses another verb's arguments
-            sub.add_parser(name, help=text, description=text, add_help=False, formatter_class=Formatter)
     return p
 
 

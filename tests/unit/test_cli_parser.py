@@ -67,6 +67,13 @@ def test_help_a_bad_verb_or_no_verb_builds_the_whole_parser(argv: list[str]) -> 
     assert verb_of(argv) is None
 
 
-def test_the_other_verbs_stay_in_the_verb_list_of_a_one_verb_parser() -> None:
-    usage = build_parser("queue").format_help()
-    assert all(verb in usage for verb in VERBS)
+@pytest.mark.parametrize("argv", [["queue", "--bogus"], ["--token", "x", "--bogus", "queue"], ["submit"],
+                                  ["queue", "-o", "yaml"], ["queue", "--help"]])
+def test_a_one_verb_parser_says_what_the_whole_one_says(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    said = []
+    for parser in (build_parser(verb_of(argv)), build_parser()):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        out = capsys.readouterr()
+        said.append((e.value.code, out.out, out.err))
+    assert said[0] == said[1]
