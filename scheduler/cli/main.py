@@ -462,9 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb not in ("server", "agent"):
         # A shell starts background jobs with SIGINT ignored, and Python then never raises
         # KeyboardInterrupt: `queue --watch`, `logs --follow` and `demo` would not stop on Ctrl-C.
-        import signal
+        # _signal is the built-in module signal wraps (loaded at start): importing signal builds its
+        # IntEnums from the platform's constants, 1 ms of every command.
+        import _signal
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     try:
         return int(HANDLERS[args.verb](args) or 0)
     except ServerError as e:

@@ -11,7 +11,8 @@ Why not http.client (or urllib over it), which this replaced on the CLI's path: 
 queue`` is one request, and its whole run should take at most about twice a bare ``python -c pass``
 (22 ms on the 2-core build machine).  Least of 9 fresh interpreters there: ``import http.client`` 17 ms
 (it parses headers with the email package), ``urllib.request`` 24 ms, ``httptools`` (uvicorn's C
-parser) 5 ms, ``h11`` 28 ms, ``httpx`` and ``requests`` over 100 ms; ``socket`` 3 ms.  What this must
+parser) 5 ms, ``h11`` 28 ms, ``httpx`` and ``requests`` over 100 ms; ``socket`` 3 ms (plain HTTP goes
+over ``_socket``, see ``_open``).  What this must
 read is little: a status line, header lines, and a body delimited by ``Content-Length``, by chunked
 transfer coding, or by the end of the connection; anything else is refused as a malformed answer
 (``OSError``).  Streaming transfers (shards, checkpoints, uploads) and proxies stay with urllib
@@ -20,7 +21,7 @@ transfer coding, or by the end of the connection; anything else is refused as a 
 
 from __future__ import annotations
 
-import socket
+import _socket
 from urllib.parse import urlsplit
 
 from scheduler.protocol.servererror import ServerError, said
@@ -37,7 +38,7 @@ class BadAnswer(OSError):
 
 
 def connect(url: str, timeout_s: float, connect_timeout_s: float | None,
-            context: ssl.SSLContext | None = None) -> tuple[socket.socket, str, str]:
+            context: ssl.SSLContext | None = None) -> tuple[_socket.socket, str, str]:
     """A socket connected to ``url``'s server (TLS for ``https``: ``context``, else the system's
     defaults), the ``Host`` header's value and the path of ``url`` (with its query)."""
     u = urlsplit(url)
@@ -49,13 +50,13 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float | None,
     # An ASCII host name goes to getaddrinfo as bytes: as a str, Python encodes it with the idna codec,
     # whose import (stringprep, unicodedata) costs the CLI 2 ms; a non-ASCII one still takes that path.
     host: str | bytes = u.hostname.encode("ascii") if u.hostname.isascii() else u.hostname
-    sock = socket.create_connection((host, port), timeout=quick)  # type: ignore[arg-type]  # bytes: see above
+    sock = _open(host, port, quick, tls)
     try:
         if tls:
             import ssl
 
             ctx = context or ssl.create_default_context()
-            sock = ctx.wrap_socket(sock, server_hostname=u.hostname)  # the handshake, within ``quick``
+            sock = ctx.wrap_socket(sock, server_hostname=u.hostname)  # type: ignore[arg-type]  # the handshake, within ``quick``
         sock.settimeout(timeout_s)
     except BaseException:
         sock.close()
@@ -64,24 +65,48 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float | None,
     return sock, u.netloc.rpartition("@")[2], path
 
 
+def _open(host: str | bytes, port: int, timeout_s: float, tls: bool) -> _socket.socket:
+    """A TCP connection to the first address of ``host`` that takes one (the error of the last that
+    did not), as ``socket.create_connection``.  Plain HTTP uses ``_socket``, the C module the socket
+    module wraps: ``import socket`` builds four IntEnums from the platform's constants (3 ms of every
+    command's start).  TLS wraps a ``socket.socket``, and ssl imports socket anyway."""
+    if tls:
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout_s)  # type: ignore[arg-type]  # bytes: see connect
+    error: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            error = e
+            sock.close()
+    raise error or OSError(f"{host!r}: no address to connect to")
+
+
 def request(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
             timeout_s: float = 60.0, context: ssl.SSLContext | None = None,
             connect_timeout_s: float | None = None) -> bytes:
     """The body of the answer to one request (see the module docstring for errors)."""
     sock, host, path = connect(url, timeout_s, connect_timeout_s, context)
-    with sock:
+    try:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity", "Connection: close"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
         status, raw = read_answer(sock, method)
+    finally:
+        sock.close()
     if 200 <= status < 300:
         return raw
     raise ServerError(status, said(raw))
 
 
-def read_answer(sock: socket.socket, method: str = "GET") -> tuple[int, bytes]:
+def read_answer(sock: _socket.socket, method: str = "GET") -> tuple[int, bytes]:
     """(status, body) of the answer on ``sock``, read to its end."""
     buf = b""
     while b"\r\n\r\n" not in buf:
@@ -127,7 +152,7 @@ def read_answer(sock: socket.socket, method: str = "GET") -> tuple[int, bytes]:
     return status, b"".join(parts)
 
 
-def _dechunk(sock: socket.socket, buf: bytes) -> bytes:
+def _dechunk(sock: _socket.socket, buf: bytes) -> bytes:
     """The body of a chunked answer, ``buf`` being what was read past the headers."""
     out: list[bytes] = []
 

@@ -91,7 +91,7 @@ def test_the_clis_client_loads_no_http_client_urllib_ssl_or_pydantic() -> None:
     """``gsched queue`` imports it on every start: what it leaves out is most of its start-up (see
     scheduler/protocol/http1.py)."""
     heavy = ("pydantic", "scheduler.protocol.messages", "http.client", "urllib.request", "email.parser", "ssl",
-             "typing")
+             "typing", "socket")
     out = subprocess.run([sys.executable, "-c", "import sys, scheduler.protocol.client; "
                           f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
                          capture_output=True, text=True, check=True)
