@@ -31,8 +31,10 @@ from agents.runas import agent_account
 from agents.shardfile import shard_path
 from agents.staging import ShardFlights, StagingError, fetch
 from agents.throttle import Throttle
-from scheduler.protocol.http import ServerError, Servers, send
+from scheduler.protocol.http import send
 from scheduler.protocol.messages import HeartbeatReply, TransferOrder
+from scheduler.protocol.servererror import ServerError
+from scheduler.protocol.servers import Servers
 from scheduler.protocol.states import RANK_FINAL, TransferState
 from scheduler.protocol.tickets import ticket_headers
 

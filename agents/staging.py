@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agents.throttle import UNLIMITED, Throttle
-from scheduler.protocol.http import ServerError, open_url
+from scheduler.protocol.http import open_url
+from scheduler.protocol.servererror import ServerError
 from scheduler.protocol.tickets import ticket_headers
 
 CHUNK = 1 << 20

@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only cycle,quality,control,launch,burst] [--results FILE]``.
+"""``python -m benchmarks [--quick] [--only cycle,quality,control,launch,burst,cli] [--results FILE]``.
 
 Every figure is one printed line: absolute values, a ratio against a baseline measured in the same
 run, the target and whether it is met.  The full run writes ``benchmarks/RESULTS.md`` (machine, date,
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common import Report, machine, today
 
-SECTIONS = ("cycle", "quality", "control", "launch", "burst")
+SECTIONS = ("cycle", "quality", "control", "launch", "burst", "cli")
 
 
 def write_results(report: Report, path: Path, argv: list[str], wall_s: float,
@@ -36,7 +36,9 @@ def write_results(report: Report, path: Path, argv: list[str], wall_s: float,
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + old_notes + [""]
     for title, body in report.sections.items():
         lines += [title, "", body.rstrip(), ""]
-    kept = _hand_written_sections(path, tuple(report.sections))
+    # A section that ran writes its own "## " sections (the quality grid): the file's old ones go.
+    mine = ("## Quality grid",) if "quality" in ran else ()
+    kept = _hand_written_sections(path, tuple(report.sections) + mine)
     path.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 
 
@@ -72,14 +74,15 @@ def _lines_of_other_sections(path: Path, ran: tuple[str, ...]) -> tuple[list[str
 
 def _hand_written_sections(path: Path, generated: tuple[str, ...] = ()) -> str:
     """The ``## `` sections of an existing results file that a run does not generate (device figures,
-    caveats, separately run sections): a new run keeps them after its own."""
+    caveats, separately run sections, the quality grid of a run without ``quality``): a new run keeps
+    them after its own."""
     if not path.is_file():
         return ""
     kept: list[str] = []
     keep = False
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            keep = line.strip() not in GENERATED + generated + ("## Quality grid",)
+            keep = line.strip() not in GENERATED + generated
         if keep:
             kept.append(line)
     return "\n".join(kept).strip() + "\n" if kept else ""

@@ -15,7 +15,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing: 2 ms of every command's start, and only the annotations use it
+if TYPE_CHECKING:
+    from typing import Any
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -34,7 +37,7 @@ class ServerNames:
             c = client(parsed_args)
             c.timeout_s = 2.0
             if self.kind == "jobs":
-                names = [str(j["id"]) for j in c.get("/v1/jobs")["jobs"]]
+                names = [str(j["id"]) for j in c.every_page("/v1/jobs")["jobs"]]
             elif self.kind == "datasets":
                 names = [d["name"] for d in c.get("/v1/datasets")]
             else:

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from scheduler.cli import userconfig
-from scheduler.protocol.http import Client
+from scheduler.protocol.client import Client
 
 
 def client(args: argparse.Namespace) -> Client:

@@ -13,7 +13,9 @@ from typing import Any
 
 from agents.shardfile import shard_path
 from scheduler.core.lifecycle import ReplicaState
-from scheduler.protocol.http import Client, ServerError, open_url, send
+from scheduler.protocol.client import Client
+from scheduler.protocol.http import open_url, send
+from scheduler.protocol.servererror import ServerError
 
 
 def _bar(label: str, done: float, total: float, width: int = 30, extra: str = "") -> None:

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from scheduler.protocol.http import CERT_ERROR, ServerError
+from scheduler.protocol.servererror import CERT_ERROR, ServerError
 
 OK = 0
 JOB_FAILED = 1

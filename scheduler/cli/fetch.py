@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.cli import exitcodes
-from scheduler.protocol.http import Client, ServerError, open_url
+from scheduler.protocol.client import Client
+from scheduler.protocol.http import ServerError, open_url
 
 CHUNK = 1 << 20
 

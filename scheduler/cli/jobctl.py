@@ -17,7 +17,8 @@ from typing import Any
 
 from scheduler.cli import exitcodes
 from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.client import Client
+from scheduler.protocol.servererror import ServerError
 
 
 def _state_line(out: dict[str, Any]) -> str:

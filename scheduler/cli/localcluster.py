@@ -20,7 +20,7 @@ from typing import Any
 
 from agents.ports import RendezvousPorts
 from scheduler.core.lifecycle import NodeState
-from scheduler.protocol.http import Client
+from scheduler.protocol.client import Client
 
 # Ports for the servers (and other listeners) this process starts, taken as agents take rendezvous
 # ports (agents/ports.py): from a range below Linux's ephemeral one, checked bindable, never handed out

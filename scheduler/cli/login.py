@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from scheduler.cli import exitcodes, userconfig
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.client import Client
+from scheduler.protocol.servererror import ServerError
 
 
 def _ask_token() -> str:

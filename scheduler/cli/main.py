@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from typing import Any
 
 from scheduler.cli import exitcodes
 from scheduler.cli.completion import SHELLS, complete, mark
 from scheduler.cli.connect import client
 from scheduler.cli.userconfig import UserConfigError
-from scheduler.core.lifecycle import FINAL
-from scheduler.protocol.http import ServerError
+from scheduler.protocol.servererror import ServerError
+
+TYPE_CHECKING = False  # typing itself is 2 ms of every command's start
+if TYPE_CHECKING:
+    from typing import Any
 
 VERBS = {
     "login": "remember a server, token and CA in ~/.config/gsched/config.toml (mode 0600)",
@@ -47,8 +50,36 @@ VERBS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.")
+def terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns`` without importing shutil (and with it bz2, lzma and zlib):
+    ``$COLUMNS``, else the width of the terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's own layout.  argparse makes a formatter for every argument it adds (to check its
+    metavar), and each asks shutil for the terminal's width: this asks ``terminal_columns``."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, terminal_columns() - 2 if width is None else width)
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``verb``, one that knows that verb alone: building every verb's parser
+    is most of the parser's cost (27 parsers and their arguments), and a command parses one verb.
+    Every verb when ``verb`` is None: ``gsched --help``, a bad or missing verb, completion."""
+    p = argparse.ArgumentParser(prog="gsched", description="Data-locality-aware, fair-share GPU scheduler for DDP training.",
+                                formatter_class=Formatter)
     p.add_argument("--version", action="store_true", help="print gsched's version and exit")
     p.add_argument("--server", help="server URL(s), comma-separated (default $GSCHED_SERVER, else the config "
                    "file's, else http://127.0.0.1:8470)")
@@ -60,65 +91,90 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bash completion: install it under ~/.local/share/bash-completion (or print it); "
                         "`gsched completion SHELL` for zsh and fish")
     # The same options after the verb (`gsched agent --server URL`); SUPPRESS keeps the top-level value.
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, formatter_class=Formatter)
     common.add_argument("--server", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--token", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--ca", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="verb", metavar="VERB")
-    sp = {name: sub.add_parser(name, help=text, description=text, parents=[] if name == "login" else [common])
-          for name, text in VERBS.items()}
+    # prog given: argparse would otherwise lay out a usage line to find it, importing shutil (with bz2,
+    # lzma and zlib) to ask the terminal's width.
+    sub = p.add_subparsers(dest="verb", metavar="VERB", prog="gsched")
+    for name, text in VERBS.items():
+        if verb is None or name == verb:  # another verb's parser would only serve `gsched --help`
+            ARGUMENTS[name](sub.add_parser(name, help=text, description=text, formatter_class=Formatter,
+                                           parents=[] if name == "login" else [common]), name)
+    return p
 
-    lo = sp["login"]
-    lo.add_argument("--server", default=argparse.SUPPRESS, help="the server's URL(s), comma-separated (required)")
-    lo.add_argument("--token-file", default=None,
+
+def output_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``-o wide|json`` and ``--format`` of ``queue``, ``history`` and ``nodes``."""
+    parser.add_argument("-o", "--output", choices=("wide", "json"), default=None,
+                        help=f"wide: a plain table with every column; json: the {what} as the server sends them")
+    parser.add_argument("--format", default=None, metavar="COL,COL",
+                        help="a plain table of these columns, comma-separated (an unknown name lists them)")
+
+
+def _login(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched login``."""
+    p.add_argument("--server", default=argparse.SUPPRESS, help="the server's URL(s), comma-separated (required)")
+    p.add_argument("--token-file", default=None,
                     help="a file holding your token, read each time (default: store the token itself, taken "
                          "from --token, $GSCHED_TOKEN or asked for)")
-    lo.add_argument("--ca", default=argparse.SUPPRESS, help="CA bundle that signed the server's certificate (HTTPS)")
-    lo.add_argument("--token", default=argparse.SUPPRESS, help="the token to store (default $GSCHED_TOKEN, else asked)")
+    p.add_argument("--ca", default=argparse.SUPPRESS, help="CA bundle that signed the server's certificate (HTTPS)")
+    p.add_argument("--token", default=argparse.SUPPRESS, help="the token to store (default $GSCHED_TOKEN, else asked)")
 
-    s = sp["server"]
-    s.add_argument("--host", default=None, help="address the API listens on (default: the config's, 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None, help="API port (default: the config's, 8470)")
-    s.add_argument("--db", default=None, help="database URL (default sqlite:///$GSCHED_HOME/gsched.db)")
-    s.add_argument("--config", default=None, help="the server's config file (default ./gsched.toml if there is one; "
+
+def _server(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched server``."""
+    p.add_argument("--host", default=None, help="address the API listens on (default: the config's, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="API port (default: the config's, 8470)")
+    p.add_argument("--db", default=None, help="database URL (default sqlite:///$GSCHED_HOME/gsched.db)")
+    p.add_argument("--config", default=None, help="the server's config file (default ./gsched.toml if there is one; "
                    "docs/config.md)")
-    s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS (with --tls-key)")
-    s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS (with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
 
-    a = sp["agent"]
-    a.add_argument("--node", required=True, help="this node's name, as the scheduler and users call it")
-    a.add_argument("--rack", default="rack0", help="the rack this node is in: the cost model's distance (default rack0)")
-    a.add_argument("--gpus", default="auto", help="N CPU devices, or auto (NVIDIA GPUs via nvidia-smi)")
-    a.add_argument("--data-dir", required=True, help="where this node keeps shards, staged copies and checkpoints")
-    a.add_argument("--host", default="127.0.0.1", help="address the data server binds and advertises")
-    a.add_argument("--port", type=int, default=0, help="data server port (default: any free port)")
-    a.add_argument("--heartbeat-s", type=float, default=2.0,
+
+def _agent(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched agent``."""
+    p.add_argument("--node", required=True, help="this node's name, as the scheduler and users call it")
+    p.add_argument("--rack", default="rack0", help="the rack this node is in: the cost model's distance (default rack0)")
+    p.add_argument("--gpus", default="auto", help="N CPU devices, or auto (NVIDIA GPUs via nvidia-smi)")
+    p.add_argument("--data-dir", required=True, help="where this node keeps shards, staged copies and checkpoints")
+    p.add_argument("--host", default="127.0.0.1", help="address the data server binds and advertises")
+    p.add_argument("--port", type=int, default=0, help="data server port (default: any free port)")
+    p.add_argument("--heartbeat-s", type=float, default=2.0,
                    help="seconds between reports until the server says otherwise (default 2)")
-    a.add_argument("--threads-per-rank", type=int, default=None,
+    p.add_argument("--threads-per-rank", type=int, default=None,
                    help="CPU threads per rank (torch and OMP_NUM_THREADS); default: cores x rank devices / devices")
-    a.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
-    a.add_argument("--net-iface", default=None, help="network interface ranks use for gloo/NCCL traffic")
-    a.add_argument("--rendezvous-ports", default="29500-29999", metavar="FIRST-LAST",
+    p.add_argument("--scrub-interval-s", type=float, default=60.0, help="re-hash every shard this often")
+    p.add_argument("--net-iface", default=None, help="network interface ranks use for gloo/NCCL traffic")
+    p.add_argument("--rendezvous-ports", default="29500-29999", metavar="FIRST-LAST",
                    help="ports a job's rank 0 on this node may listen on for its rendezvous (MASTER_PORT); "
                         "open them between nodes (default 29500-29999)")
-    a.add_argument("--rendezvous-wait-s", type=float, default=30.0,
+    p.add_argument("--rendezvous-wait-s", type=float, default=30.0,
                    help="how long rank 0 waits for a free rendezvous port before its job is requeued (default 30)")
-    a.add_argument("--max-transfers", type=int, default=4,
+    p.add_argument("--max-transfers", type=int, default=4,
                    help="shard copies this agent makes at once, staging and replication alike (default 4)")
-    a.add_argument("--max-transfer-mbps", type=float, default=0.0,
+    p.add_argument("--max-transfer-mbps", type=float, default=0.0,
                    help="megabits a second this agent's copies receive and its data server sends, in all "
                         "(default 0: no limit)")
-    a.add_argument("--job-retention", default="7d", metavar="DURATION",
+    p.add_argument("--job-retention", default="7d", metavar="DURATION",
                    help="keep a finished job's directory on this node (final checkpoint, metrics, logs) this long "
                         "after the job ended, then remove it; gsched fetch JOB saves them first (default 7d; "
                         "'forever' keeps them)")
 
-    d = sp["db"].add_subparsers(dest="db_verb", metavar="ACTION")
+
+def _db(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched db``."""
+    d = p.add_subparsers(dest="db_verb", metavar="ACTION")
     up = d.add_parser("upgrade", help="run migrations to the latest revision")
     up.add_argument("--db", default=None, help="database URL (default: the config's, sqlite:///$GSCHED_HOME/gsched.db)")
     up.add_argument("--config", default=None, help="the server's config file (gsched.toml)")
 
-    u = sp["user"].add_subparsers(dest="user_verb", metavar="ACTION")
+
+def _user(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched user``."""
+    u = p.add_subparsers(dest="user_verb", metavar="ACTION")
     ua = u.add_parser("add", help="create a user and print its token once")
     ua.add_argument("name", help="the new user's name")
     ua.add_argument("--shares", type=float, default=1.0, help="fair-share weight (default 1)")
@@ -140,15 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     um = u.add_parser("account", help="move a user to another fair-share account")
     um.add_argument("name", help="the user to move")
     um.add_argument("account", help="the account, or root")
+
+
+def _account(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched account``."""
     from scheduler.cli.sharetree import add_account_parser
 
-    add_account_parser(sp["account"])
+    add_account_parser(p)
 
-    t = sp["agent-token"].add_subparsers(dest="token_verb", metavar="ACTION")
+
+def _agent_token(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched agent-token``."""
+    t = p.add_subparsers(dest="token_verb", metavar="ACTION")
     tc = t.add_parser("create", help="create a token for NODE's agent")
     tc.add_argument("node", help="the node whose agent the token is for (and only that node)")
 
-    dd = sp["data"].add_subparsers(dest="data_verb", metavar="ACTION")
+
+def _data(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched data``."""
+    dd = p.add_subparsers(dest="data_verb", metavar="ACTION")
     dm = dd.add_parser("make", help="build a sharded data set and upload R replicas to agents")
     dm.add_argument("name", help="the data set's name (lower case, digits, _ . -)")
     dm.add_argument("--source", required=True, help="digits | synthetic[:k=v,...] | imagefolder:PATH")
@@ -177,124 +243,219 @@ def build_parser() -> argparse.ArgumentParser:
     mark(dp.add_argument("name", help="the data set"), "datasets")
     dp.add_argument("--replicas", type=int, required=True, help="the new number of copies of each shard")
 
-    sb = sp["submit"]
-    sb.add_argument("file", help="the job.toml (docs/job-toml.md)")
-    sb.add_argument("--name", help="the job's name, in place of the file's")
-    sb.add_argument("--ranks", type=int, help="DDP ranks (resources.ranks), in place of the file's")
-    sb.add_argument("--gpus-per-rank", type=int, help="devices per rank (resources.gpus_per_rank)")
-    sb.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+
+def _submit(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched submit``."""
+    p.add_argument("file", help="the job.toml (docs/job-toml.md)")
+    p.add_argument("--name", help="the job's name, in place of the file's")
+    p.add_argument("--ranks", type=int, help="DDP ranks (resources.ranks), in place of the file's")
+    p.add_argument("--gpus-per-rank", type=int, help="devices per rank (resources.gpus_per_rank)")
+    p.add_argument("--time", help="time limit (limits.time): 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
                     "is seconds (not minutes as in Slurm)")
-    mark(sb.add_argument("--dataset", help="the data set (data.dataset), in place of the file's"), "datasets")
-    sb.add_argument("--dependency", metavar="KIND:ID[:ID],...",
+    mark(p.add_argument("--dataset", help="the data set (data.dataset), in place of the file's"), "datasets")
+    p.add_argument("--dependency", metavar="KIND:ID[:ID],...",
                     help="start only after other jobs end: afterok:ID (completed), afterany:ID (ended at all), "
                          "afternotok:ID (did not complete), comma-separated; a dependency that can never be met "
                          "ends this job FAILED")
-    sb.add_argument("--array", metavar="0-9[%N]",
+    p.add_argument("--array", metavar="0-9[%N]",
                     help="one job per index (0-9, 1,3,5-7), at most N of them running at once with %%N; the "
                          "server sends each rank GSCHED_ARRAY_JOB_ID, GSCHED_ARRAY_INDEX and GSCHED_ARRAY_COUNT")
-    sb.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
+    p.add_argument("--wait", action="store_true", help="wait for the job to end, print its final state, and exit "
                     "0 if it COMPLETED, 1 if it FAILED, was CANCELLED or hit its TIMEOUT")
-    sb.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
-    sb.add_argument("--retry-s", type=float, default=None,
+    p.add_argument("--request-id", default=None, help="idempotency key (default: a fresh one, reused on retries)")
+    p.add_argument("--retry-s", type=float, default=None,
                     help="when the server gives no answer, retry with the same request id for this long, "
                          "saying so on stderr (default $GSCHED_SUBMIT_RETRY_S, else 10; 0: no retry)")
 
-    def output_flags(parser: argparse.ArgumentParser, what: str) -> None:
-        parser.add_argument("-o", "--output", choices=("wide", "json"), default=None,
-                            help=f"wide: a plain table with every column; json: the {what} as the server sends them")
-        parser.add_argument("--format", default=None, metavar="COL,COL",
-                            help="a plain table of these columns, comma-separated (an unknown name lists them)")
 
-    q = sp["queue"]
-    q.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
+def _queue(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched queue``."""
+    p.add_argument("--json", action="store_true", help="the same data as JSON, with each job's elapsed_s, eta_s "
                    "and reason_text (as -o json)")
-    output_flags(q, "jobs")
-    q.add_argument("--watch", "-w", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
-    q.add_argument("--all", action="store_true", help="include every finished job (--watch shows the last 10 minutes')")
-    q.add_argument("--user", help="only this user's jobs")
-    q.add_argument("--state", help="only jobs in these states, comma-separated (pending,running)")
-    q.add_argument("--name", help="only jobs of this name")
-    q.add_argument("--mine", action="store_true", help="only my jobs (the token's user)")
-    q.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)")
+    output_flags(p, "jobs")
+    p.add_argument("--watch", "-w", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
+    p.add_argument("--all", action="store_true", help="include every finished job (--watch shows the last 10 minutes')")
+    p.add_argument("--user", help="only this user's jobs")
+    p.add_argument("--state", help="only jobs in these states, comma-separated (pending,running)")
+    p.add_argument("--name", help="only jobs of this name")
+    p.add_argument("--mine", action="store_true", help="only my jobs (the token's user)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)")
 
-    hi = sp["history"]
-    hi.add_argument("--user", help="only this user's jobs")
-    hi.add_argument("--state", help="only these final states, comma-separated (completed,failed,cancelled,timeout)")
-    hi.add_argument("--name", help="only jobs of this name")
-    hi.add_argument("--since", help="ended at or after: a date (2026-12-04, 2026-12-04T13:00) or a span back (2h, 1-00)")
-    hi.add_argument("--until", help="ended before: a date or a span back, as --since")
-    hi.add_argument("--limit", type=int, default=None, help="one page of at most this many jobs (default: every job)")
-    hi.add_argument("--after", type=int, default=None, metavar="ID", help="only jobs with a greater id (the next page)")
-    output_flags(hi, "jobs")
 
-    for verb in ("show", "explain"):
-        mark(sp[verb].add_argument("job", type=int, help="the job's id"), "jobs")
-        sp[verb].add_argument("--json", action="store_true", help="the same as JSON, as the server sends it")
-    ca = sp["cancel"]
-    mark(ca.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel"), "jobs")
-    ca.add_argument("--user", help="every job of this user not ended (with --state, --name: all must match)")
-    ca.add_argument("--state", help="every job in these states, comma-separated (pending,running)")
-    ca.add_argument("--name", help="every job of this name")
-    for verb in ("hold", "release", "requeue"):
-        mark(sp[verb].add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}"), "jobs")
-    up2 = sp["update"]
-    mark(up2.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change"), "jobs")
-    up2.add_argument("--time", help="the new time limit: 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
+def _history(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched history``."""
+    p.add_argument("--user", help="only this user's jobs")
+    p.add_argument("--state", help="only these final states, comma-separated (completed,failed,cancelled,timeout)")
+    p.add_argument("--name", help="only jobs of this name")
+    p.add_argument("--since", help="ended at or after: a date (2026-12-04, 2026-12-04T13:00) or a span back (2h, 1-00)")
+    p.add_argument("--until", help="ended before: a date or a span back, as --since")
+    p.add_argument("--limit", type=int, default=None, help="one page of at most this many jobs (default: every job)")
+    p.add_argument("--after", type=int, default=None, metavar="ID", help="only jobs with a greater id (the next page)")
+    output_flags(p, "jobs")
+
+
+def _show(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched show``, ``explain``."""
+    mark(p.add_argument("job", type=int, help="the job's id"), "jobs")
+    p.add_argument("--json", action="store_true", help="the same as JSON, as the server sends it")
+
+
+def _cancel(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched cancel``."""
+    mark(p.add_argument("jobs", type=int, nargs="*", metavar="ID", help="the jobs to cancel"), "jobs")
+    p.add_argument("--user", help="every job of this user not ended (with --state, --name: all must match)")
+    p.add_argument("--state", help="every job in these states, comma-separated (pending,running)")
+    p.add_argument("--name", help="every job of this name")
+
+
+def _hold(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched hold``, ``release``, ``requeue``."""
+    mark(p.add_argument("jobs", type=int, nargs="+", metavar="ID", help=f"the jobs to {verb}"), "jobs")
+
+
+def _update(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched update``."""
+    mark(p.add_argument("jobs", type=int, nargs="+", metavar="ID", help="the jobs to change"), "jobs")
+    p.add_argument("--time", help="the new time limit: 90s, 30m, 2h30m, HH:MM:SS, D-HH:MM:SS; a bare number "
                      "is seconds (not minutes as in Slurm)")
-    up2.add_argument("--name", help="the new name (pending jobs only)")
-    lg = sp["logs"]
-    mark(lg.add_argument("job", type=int, help="the job's id"), "jobs")
-    lg.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
-    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
-    fe = sp["fetch"]
-    mark(fe.add_argument("job", type=int, help="the job's id (yours, or any as an admin)"), "jobs")
-    fe.add_argument("--out", default=None, metavar="DIR", help="where to save them (default ./job-JOB)")
-    nd = sp["node"].add_subparsers(dest="node_verb", metavar="ACTION")
+    p.add_argument("--name", help="the new name (pending jobs only)")
+
+
+def _logs(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched logs``."""
+    mark(p.add_argument("job", type=int, help="the job's id"), "jobs")
+    p.add_argument("--rank", type=int, default=None, help="only this rank's output (default: every rank, prefixed)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
+
+
+def _fetch(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched fetch``."""
+    mark(p.add_argument("job", type=int, help="the job's id (yours, or any as an admin)"), "jobs")
+    p.add_argument("--out", default=None, metavar="DIR", help="where to save them (default ./job-JOB)")
+
+
+def _node(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched node``."""
+    nd = p.add_subparsers(dest="node_verb", metavar="ACTION")
     ndd = nd.add_parser("drain", help="take no new ranks or shard copies on NODE; its running ranks finish")
     mark(ndd.add_argument("node", help="the node's name (gsched nodes lists them)"), "nodes")
     ndd.add_argument("--reason", default="", help="why, shown by gsched nodes (default: drained by YOU)")
     ndr = nd.add_parser("resume", help="let NODE take ranks and copies again")
     mark(ndr.add_argument("node", help="the node's name"), "nodes")
-    sp["nodes"].add_argument("--json", action="store_true", help="the nodes as JSON (as -o json)")
-    output_flags(sp["nodes"], "nodes")
-    sp["share"].add_argument("--json", action="store_true", help="the shares as JSON")
-    ev = sp["events"]
-    mark(ev.add_argument("--job", type=int, default=None, help="only this job's events"), "jobs")
-    ev.add_argument("--limit", type=int, default=100, help="the newest this many events (default 100)")
-    ev.add_argument("--json", action="store_true", help="the events as JSON")
 
-    pl = sp["plot"]
-    mark(pl.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw"), "jobs")
-    pl.add_argument("--cluster", action="store_true", help="device utilisation and queue length over time instead")
-    pl.add_argument("--last", default=None, help="with --cluster: only this recent span (90s, 30m, 6h, 2d)")
-    pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
 
-    sim = sp["simulate"]
-    sim.add_argument("--trace", required=True, help="CSV of job_id,submit_time_s,user,num_gpus,duration_s")
-    sim.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
-    sim.add_argument("--devices-per-node", type=int, default=8, help="devices on each (default 8)")
-    sim.add_argument("--racks", type=int, default=2, help="racks the nodes are spread over (default 2)")
-    sim.add_argument("--data", default=None, help="the data model: datasets=40,shards=16,shard_mb=512,zipf=1.1,"
+def _nodes(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched nodes``."""
+    p.add_argument("--json", action="store_true", help="the nodes as JSON (as -o json)")
+    output_flags(p, "nodes")
+
+
+def _share(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched share``."""
+    p.add_argument("--json", action="store_true", help="the shares as JSON")
+
+
+def _events(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched events``."""
+    mark(p.add_argument("--job", type=int, default=None, help="only this job's events"), "jobs")
+    p.add_argument("--limit", type=int, default=100, help="the newest this many events (default 100)")
+    p.add_argument("--json", action="store_true", help="the events as JSON")
+
+
+def _plot(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched plot``."""
+    mark(p.add_argument("job", type=int, nargs="?", help="the job whose loss, accuracy and images/s to draw"), "jobs")
+    p.add_argument("--cluster", action="store_true", help="device utilisation and queue length over time instead")
+    p.add_argument("--last", default=None, help="with --cluster: only this recent span (90s, 30m, 6h, 2d)")
+    p.add_argument("-o", "--output", required=True, help="the PNG file to write")
+
+
+def _simulate(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched simulate``."""
+    p.add_argument("--trace", required=True, help="CSV of job_id,submit_time_s,user,num_gpus,duration_s")
+    p.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
+    p.add_argument("--devices-per-node", type=int, default=8, help="devices on each (default 8)")
+    p.add_argument("--racks", type=int, default=2, help="racks the nodes are spread over (default 2)")
+    p.add_argument("--data", default=None, help="the data model: datasets=40,shards=16,shard_mb=512,zipf=1.1,"
                      "replicas=3 (or none: jobs read nothing)")
-    sim.add_argument("--policy", default="twostage", help="arbiters to compare, comma-separated (default twostage)")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the data model and failures (default 0)")
-    sim.add_argument("--json", action="store_true", help="the results as JSON")
-    sim.add_argument("--plot", default=None, help="also draw the results to this PNG")
-    sim.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
-    sim.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
-    sim.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
+    p.add_argument("--policy", default="twostage", help="arbiters to compare, comma-separated (default twostage)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data model and failures (default 0)")
+    p.add_argument("--json", action="store_true", help="the results as JSON")
+    p.add_argument("--plot", default=None, help="also draw the results to this PNG")
+    p.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
+    p.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
 
-    sp["completion"].add_argument("shell", choices=SHELLS, help="the shell to complete in")
 
-    dm2 = sp["demo"]
-    dm2.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
-    dm2.add_argument("--epochs", type=int, default=3, help="epochs the demo job trains (default 3)")
-    return p
+def _completion(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched completion``."""
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+
+
+def _demo(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments of ``gsched demo``."""
+    p.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
+    p.add_argument("--epochs", type=int, default=3, help="epochs the demo job trains (default 3)")
+
+
+ARGUMENTS = {
+    "login": _login,
+    "server": _server,
+    "agent": _agent,
+    "db": _db,
+    "user": _user,
+    "account": _account,
+    "agent-token": _agent_token,
+    "data": _data,
+    "submit": _submit,
+    "queue": _queue,
+    "history": _history,
+    "show": _show,
+    "explain": _show,
+    "cancel": _cancel,
+    "hold": _hold,
+    "release": _hold,
+    "requeue": _hold,
+    "update": _update,
+    "logs": _logs,
+    "fetch": _fetch,
+    "node": _node,
+    "nodes": _nodes,
+    "share": _share,
+    "events": _events,
+    "plot": _plot,
+    "simulate": _simulate,
+    "completion": _completion,
+    "demo": _demo,
+}
+
+
+TOP_VALUED = ("--server", "--token", "--ca")  # the options before the verb that take a value
+
+
+def verb_of(argv: list[str]) -> str | None:
+    """The verb ``argv`` names, if it names one and asks for no help before it; None otherwise (then the
+    whole parser is built: ``gsched --help`` lists every verb, and a bad verb is told the choices)."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in TOP_VALUED:
+            i += 2
+        elif word == "--install-completion" or word in ("-h", "--help") or word == "--":
+            return None
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return word if word in VERBS else None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    complete(parser)  # the shell asks for completions: answer and exit
+    argv = sys.argv[1:] if argv is None else argv
+    completing = "_ARGCOMPLETE" in os.environ
+    parser = build_parser(None if completing else verb_of(argv))
+    if completing:
+        complete(parser)  # the shell asks for completions: answer and exit
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import PackageNotFoundError, version
@@ -314,9 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb not in ("server", "agent"):
         # A shell starts background jobs with SIGINT ignored, and Python then never raises
         # KeyboardInterrupt: `queue --watch`, `logs --follow` and `demo` would not stop on Ctrl-C.
-        import signal
+        # _signal is the built-in module signal wraps (loaded at start): importing signal builds its
+        # IntEnums from the platform's constants, 1 ms of every command.
+        import _signal
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     try:
         return int(HANDLERS[args.verb](args) or 0)
     except ServerError as e:
@@ -544,6 +707,8 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from scheduler.core.lifecycle import FINAL
+
     c = client(args)
     after = 0
     while True:

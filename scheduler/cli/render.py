@@ -2,9 +2,8 @@
 
 Who calls: the CLI (``queue``, ``show``, ``explain``, ``nodes``, ``share``), ``watch`` and the demo.
 Every view is a pure function of the API document and the server's time (the view's ``"time"``), so
-a recording console renders it byte for byte the same in tests.  The queue view fits itself to the
-width it is given: below about 120 columns it drops the columns a person misses least (priority
-factor, epochs, local reads, nodes, ...) and abbreviates names, so each job stays on one line.
+a recording console renders it byte for byte the same in tests.  The queue's cells and layout are
+scheduler/cli/queuecells.py's, shared with the plain ``gsched queue`` (scheduler/cli/queuetext.py).
 Colour is only ever a second cue: states and bars read the same with ``NO_COLOR``.
 """
 
@@ -19,158 +18,46 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.cli.queuefacts import elapsed_s, epochs_progress, eta_s, human_bytes, human_s, plain_reason
-from scheduler.core.lifecycle import ACTIVE, JobState, NodeState, RankState
+from scheduler.cli.queuecells import (
+    ENDED_BADLY,
+    SIDE_BY_SIDE_NODES,
+    WIDE,
+    Layout,
+    bar,
+    fit_columns,
+    jobs_layout,
+    node_note,
+    nodes_layout,
+    share_cells,
+    style,
+)
+from scheduler.cli.queuecells import summary as summary_parts
+from scheduler.cli.queuefacts import elapsed_s, eta_s, human_bytes, human_s, plain_reason
+from scheduler.core.lifecycle import ACTIVE, JobState
 
-__all__ = ["QueueView", "explain", "human_bytes", "human_s", "job_detail", "jobs_table", "nodes_table",
-           "print_queue", "queue_renderable", "share_table"]
+__all__ = ["QueueView", "explain", "fit_columns", "human_bytes", "human_s", "job_detail", "jobs_table", "node_note",
+           "nodes_table", "print_queue", "queue_renderable", "share_table"]
 
 _J = JobState
-# Job, node and rank states; a rank's STAGING and RUNNING share the job's (equal strings, one key).
-STATE_STYLE: dict[str, str] = {
-    _J.PENDING: "yellow", _J.BOUND: "cyan", _J.STAGING: "cyan", _J.RUNNING: "green", _J.COMPLETED: "bold green",
-    _J.FAILED: "bold red", _J.CANCELLED: "magenta", _J.TIMEOUT: "red", NodeState.UP: "green", NodeState.DOWN: "red",
-    RankState.EXITED: "green", RankState.KILLED: "magenta", RankState.ASSIGNED: "cyan"}
-_ENDED_BADLY = (_J.FAILED, _J.TIMEOUT)
-
-# Columns of the jobs table, in the order they are dropped when the terminal is too narrow (first
-# dropped first).  ID, NAME, STATE, TIME and REASON always stay.  Below WIDE columns, EPOCH and ETA
-# move into the reason column (then headed NOTE): "epoch 2/5, ETA 7m30s".
-DROP_ORDER = ("FACTOR", "LOCAL", "EPOCH", "NODES", "ETA", "USER", "RxD")
-WIDE = 120       # at least this many columns: every column, share and nodes side by side
-REASON_MIN = 24  # the reason column keeps at least this much room before other columns are dropped
+_style, _bar, _ENDED_BADLY = style, bar, ENDED_BADLY
 
 
-def _style(state: str) -> str:
-    return STATE_STYLE.get(state, "")
-
-
-def _bar(filled: int, total: int, ascii_only: bool) -> str:
-    on, off = ("#", ".") if ascii_only else ("■", "□")
-    return on * max(0, filled) + off * max(0, total - filled)
-
-
-def _abbrev(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(1, width - 1)] + "~"
-
-
-def _nodes_cell(nodes: list[str], width: int) -> str:
-    """``n1,n2,n3`` or, past ``width``, as many names as fit and a count: ``n1,n2,+3``."""
-    text = ",".join(nodes)
-    if len(text) <= width:
-        return text or "-"
-    shown: list[str] = []
-    for i, n in enumerate(nodes):
-        rest = f",+{len(nodes) - i}"
-        if len(",".join([*shown, n])) + len(f",+{len(nodes) - i - 1}") > width:
-            return (",".join(shown) + rest) if shown else f"{n[: width - len(rest)]}{rest}"
-        shown.append(n)
-    return text  # pragma: no cover - the loop returns once the text is too long
-
-
-# ------------------------------------------------------------------ the queue
-
-
-SHORT_STATE: dict[str, str] = {_J.COMPLETED: "DONE", _J.CANCELLED: "CANCEL"}  # narrow terminals: every state fits 7 columns
-
-
-def _job_cells(j: dict[str, Any], now: float, narrow: bool, factors: dict[str, float] | None = None) -> dict[str, str]:
-    epochs = j.get("epochs") or 0
-    eta = eta_s(j, now)
-    placed = j["state"] != _J.PENDING and bool(j.get("nodes"))  # a requeued job's old nodes are history
-    cells = {
-        "ID": str(j["id"]),
-        "USER": j["user"],
-        "NAME": _abbrev(j["name"], 10 if narrow else 20),
-        "STATE": SHORT_STATE.get(j["state"], j["state"]) if narrow else j["state"],
-        "RxD": f"{j['ranks']}x{j['gpus_per_rank']}",
-        "NODES": _nodes_cell(j.get("nodes") or [], 12 if narrow else 24) if placed else "-",
-        "LOCAL": f"{100 * (j.get('local_fraction') or 0):.0f}%" if placed else "-",
-        # The user's factor now (as in the fair-share strip); a job's own was frozen when it was bound.
-        "FACTOR": f"{(factors or {}).get(j['user'], j.get('factor') or 0):.2f}",
-        "TIME": human_s(elapsed_s(j, now)),
-        "EPOCH": f"{int(epochs_progress(j))}/{epochs}" if epochs else "-",
-        "ETA": human_s(eta) if eta is not None else "-",
-        "REASON": plain_reason(j, now),
-    }
-    if narrow and j["state"] == _J.RUNNING:  # no EPOCH/ETA columns: say it in the note
-        progress = f"epoch {cells['EPOCH']}" + (f", ETA {cells['ETA']}" if eta is not None else "")
-        cells["REASON"] = f"{progress}; {cells['REASON']}" if cells["REASON"] else progress
-    return cells
-
-
-COLUMNS: dict[str, dict[str, Any]] = {
-    "ID": {"justify": "right"}, "USER": {}, "NAME": {}, "STATE": {}, "RxD": {"justify": "right"}, "NODES": {},
-    "LOCAL": {"justify": "right"}, "FACTOR": {"justify": "right"}, "TIME": {"justify": "right"},
-    "EPOCH": {"justify": "right"}, "ETA": {"justify": "right"}, "REASON": {},
-}
-HEADERS = {"RxD": "RANKS", "TIME": "WAIT/RUN"}
-SEP = 2  # characters between two columns (the table's right padding plus its blank divider)
-
-
-def fit_columns(headers: dict[str, str], rows: list[dict[str, str]], width: int, drop_order: tuple[str, ...],
-                flex: str | None = None, flex_min: int = REASON_MIN) -> tuple[list[str], dict[str, int]]:
-    """Which columns fit ``width`` and how wide each is.
-
-    Every column but ``flex`` is as wide as its widest cell (never wrapped); ``drop_order`` columns are
-    removed, first first, until the rest plus ``min(flex's natural width, flex_min)`` fit.  ``flex``
-    (the reason) gets what is left and is cut with an ellipsis.
-    """
-    cols = list(headers)
-    natural = {c: max([len(headers[c])] + [len(r[c]) for r in rows]) for c in cols}
-
-    def fixed(cs: list[str]) -> int:
-        return sum(natural[c] for c in cs if c != flex) + SEP * (len(cs) - 1)
-
-    def fits(cs: list[str]) -> bool:
-        return fixed(cs) + (min(natural[flex], flex_min) if flex in cs else 0) <= width
-
-    for victim in drop_order:
-        if fits(cols):
-            break
-        if victim in cols:
-            cols.remove(victim)
-    widths = {c: natural[c] for c in cols}
-    if flex in cols:
-        widths[flex] = max(1, min(natural[flex], width - fixed(cols)))
-    return cols, widths
-
-
-def _fitted_table(title: str | None, headers: dict[str, str], cols: list[str], widths: dict[str, int],
-                  justify: dict[str, str], wrap: str | None = None) -> Table:
-    """A table of ``fit_columns``' result; only the ``wrap`` column may take more than one line."""
+def _fitted_table(layout: Layout) -> Table:
+    """A rich table of a ``Layout``: only its ``wrap`` column may take more than one line."""
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=False,
-              header_style="bold", title=title, title_justify="left", title_style="bold")
-    for c in cols:
-        t.add_column(headers[c], justify=justify.get(c, "left"), no_wrap=c != wrap,  # type: ignore[arg-type]
-                     overflow="fold" if c == wrap else "ellipsis", width=widths[c])
+              header_style="bold", title=layout.title, title_justify="left", title_style="bold")
+    for c in layout.cols:
+        t.add_column(layout.headers[c], justify=layout.justify.get(c, "left"), no_wrap=c != layout.wrap,  # type: ignore[arg-type]
+                     overflow="fold" if c == layout.wrap else "ellipsis", width=layout.widths[c])
     return t
 
 
 def jobs_table(view: dict[str, Any], width: int = 150, now: float | None = None) -> Table:
-    """One line per job, fitted to ``width`` columns (see ``fit_columns``)."""
-    now = now if now is not None else view.get("time", time.time())
-    jobs = view.get("jobs", [])
-    narrow = width < WIDE
-    factors = {u["user"]: float(u.get("factor") or 0) for u in view.get("users", [])}
-    rows = [_job_cells(j, now, narrow, factors) for j in jobs]
-    headers = {c: HEADERS.get(c, c) for c in COLUMNS if not (narrow and c in ("EPOCH", "ETA"))}
-    if narrow:
-        headers["REASON"] = "NOTE"
-    cols, widths = fit_columns(headers, rows, width, DROP_ORDER, flex="REASON")
-    # Wide terminals show whole reasons (wrapped); narrow ones keep one line per job and cut them.
-    t = _fitted_table(None, headers, cols, widths, {c: kw.get("justify", "left") for c, kw in COLUMNS.items()},
-                      wrap=None if narrow else "REASON")
-    for j, r in zip(jobs, rows, strict=True):
-        cells: list[RenderableType] = []
-        for c in cols:
-            if c == "STATE":
-                cells.append(Text(r[c], style=_style(j["state"])))
-            elif c == "REASON" and j["state"] in _ENDED_BADLY:
-                cells.append(Text(r[c], style="red"))
-            else:
-                cells.append(r[c])
-        t.add_row(*cells)
+    """One line per job, fitted to ``width`` columns (see ``queuecells.fit_columns``)."""
+    layout = jobs_layout(view, width, now)
+    t = _fitted_table(layout)
+    for r, st in zip(layout.rows, layout.styles, strict=True):
+        t.add_row(*[Text(r[c], style=st[c]) if c in st else r[c] for c in layout.cols])
     return t
 
 
@@ -180,64 +67,25 @@ def share_table(users: list[dict[str, Any]], ascii_only: bool = False) -> Table:
               title="fair share", title_justify="left", title_style="bold")
     for col in ("USER", "SHARES", "USAGE", "FACTOR"):
         t.add_column(col, justify="left" if col in ("USER", "FACTOR") else "right", no_wrap=True)
-    for u in users:
-        f = float(u.get("factor") or 0)
-        bar = _bar(round(10 * f), 10, ascii_only)
-        colour = "green" if f >= 0.5 else "yellow" if f >= 0.25 else "red"
-        t.add_row(u["user"], f"{u['shares']:g} ({100 * (u.get('norm_shares') or 0):.0f}%)",
-                  human_s(u.get("usage") or 0), Text.assemble((f"{f:.2f} ", ""), (bar, colour)))
+    for user, shares, usage, factor, factor_bar, colour in share_cells(users, ascii_only):
+        t.add_row(user, shares, usage, Text.assemble((factor, ""), (factor_bar, colour)))
     if not users:
         t.add_row("(no users)", "", "", "")
     return t
 
 
-NODE_HEADERS = {"NODE": "NODE", "RACK": "RACK", "STATE": "STATE", "DEVICES": "DEVICES BUSY", "SHARDS": "SHARDS",
-                "STAGED": "STAGED IN", "SEEN": "HEARTBEAT", "NOTE": "NOTE"}
-NODE_DROP_ORDER = ("RACK", "STAGED", "SHARDS", "SEEN")
-
-
-def node_note(n: dict[str, Any]) -> str:
-    """Why some of a node's devices are not offered: ``drained: disk swap; device 1: XID 79 (device fault)``,
-``low disk: 12.0 MB free, under the 30.0 MB floor (disk_floor_gb)``."""
-    notes = [f"drained: {n.get('drain_reason') or 'no reason given'}"] if n.get("drained") else []
-    notes += [n["low_disk"]] if n.get("low_disk") else []
-    return "; ".join(notes + [f"device {d['index']}: {d['health']}" for d in n.get("unhealthy") or []])
-
-
 def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_only: bool = False,
                 width: int = 150) -> Table:
     """Per node: health, devices busy/total as a bar, shards held, bytes staged in, heartbeat age."""
-    now = now if now is not None else time.time()
-    rows = []
-    for n in nodes:
-        total = int(n.get("devices") or 0)
-        up = n["state"] == NodeState.UP
-        busy = total - int(n.get("devices_free") or 0) if up else 0
-        kind = n.get("device_kind") or ""
-        rows.append({"NODE": n["name"], "RACK": n.get("rack", ""),
-                     "STATE": "drained" if n.get("drained") and up else n["state"],
-                     "DEVICES": f"{_bar(busy, total, ascii_only)} {busy}/{total} {kind}".rstrip(),
-                     "SHARDS": str(n.get("shards", 0)), "STAGED": human_bytes(n.get("staged_bytes")),
-                     "SEEN": f"{human_s(now - n['last_seen'])} ago" if n.get("last_seen") else "never",
-                     "NOTE": node_note(n), "_bar": _bar(busy, total, ascii_only), "_up": up})
-    if not rows:
-        rows.append({**dict.fromkeys(NODE_HEADERS, ""), "NODE": "(no nodes)", "_bar": "", "_up": False})
-    busy_all = sum(int(n.get("devices") or 0) - int(n.get("devices_free") or 0) for n in nodes
-                   if n["state"] == NodeState.UP)
-    total_all = sum(int(n.get("devices") or 0) for n in nodes if n["state"] == NodeState.UP)
-    # NOTE (why devices are not offered) only when some node has one; it takes what width is left.
-    headers = NODE_HEADERS if any(r.get("NOTE") for r in rows) else {k: v for k, v in NODE_HEADERS.items() if k != "NOTE"}
-    cols, widths = fit_columns(headers, rows, width, NODE_DROP_ORDER, flex="NOTE")
-    t = _fitted_table(f"nodes ({busy_all}/{total_all} devices busy)", headers, cols, widths,
-                      {"SHARDS": "right", "STAGED": "right", "SEEN": "right"})
-    for r in rows:
+    layout = nodes_layout(nodes, now, ascii_only, width)
+    t = _fitted_table(layout)
+    for r, st in zip(layout.rows, layout.styles, strict=True):
         cells: list[RenderableType] = []
-        for c in cols:
+        for c in layout.cols:
             if c == "STATE":
-                cells.append(Text(r[c], style=_style(r[c])))
+                cells.append(Text(r[c], style=st[c]))
             elif c == "DEVICES":
-                bar = str(r["_bar"])
-                cells.append(Text.assemble((bar, "green" if r["_up"] else "red"), r[c][len(bar):]))
+                cells.append(Text.assemble((r["_bar"], r["_bar_style"]), r[c][len(r["_bar"]):]))
             else:
                 cells.append(str(r[c]))
         t.add_row(*cells)
@@ -246,15 +94,8 @@ def nodes_table(nodes: list[dict[str, Any]], now: float | None = None, ascii_onl
 
 def queue_summary(view: dict[str, Any], note: str = "", narrow: bool = False) -> Text:
     """The first line: server time and job counts by state; ``note`` (filters, errors) appended."""
-    now = view.get("time", time.time())
-    counts: dict[str, int] = defaultdict(int)
-    for j in view.get("jobs", []):
-        counts[j["state"]] += 1
-    parts = [f"{counts[s]} {s.lower()}" for s in (_J.RUNNING, _J.STAGING, _J.BOUND, _J.PENDING, _J.COMPLETED,
-                                                 _J.FAILED, _J.CANCELLED, _J.TIMEOUT) if counts[s]]
-    text = Text.assemble(("" if narrow else "gsched queue  ", "bold"), (time.strftime("%H:%M:%S", time.localtime(now)), "bold"),
-                         "  ",
-                         f"{len(view.get('jobs', []))} jobs" + (": " + ", ".join(parts) if parts else ""))
+    title, clock, counts = summary_parts(view, narrow)
+    text = Text.assemble((title, "bold"), (clock, "bold"), "  ", counts)
     if note:
         text.append(f"  {note}", style="dim")
     return text
@@ -284,7 +125,7 @@ class QueueView:
         shares = share_table(self.view.get("users", []), ascii_only)
         side_by_side = width >= WIDE
         nodes = nodes_table(self.view.get("nodes", []), now, ascii_only,
-                            width=width - 42 if side_by_side else width)
+                            width=width - SIDE_BY_SIDE_NODES if side_by_side else width)
         if side_by_side:
             grid = Table.grid(padding=(0, 4))
             grid.add_column()

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from scheduler.protocol.http import Client
+from scheduler.protocol.client import Client
 
 COLUMNS = ("account", "user", "raw_shares", "norm_shares", "raw_usage", "norm_usage", "effective_usage", "factor")
 HEADERS = ("Account", "User", "RawShares", "NormShares", "RawUsage", "NormUsage", "EffectvUsage", "FairShare")

@@ -1,6 +1,6 @@
 """``gsched queue --watch``: the queue redrawn in place about once a second (rich ``Live``).
 
-Who calls: ``cli.cmd_queue``.  One ``GET /v1/jobs?all=true`` per frame; ``select`` filters the view
+Who calls: ``cli.cmd_queue``.  Every page of ``GET /v1/jobs`` per frame; ``select`` filters the view
 (user, state, mine, recently finished) before it is drawn.  On a terminal the view takes the
 alternate screen, like ``top``: frames replace each other whole (no flicker, no scroll-back litter),
 and the last frame is printed to the normal screen on exit so it stays readable.  Without a terminal
@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.client import Client
+from scheduler.protocol.servererror import ServerError
 
 
 def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interval_s: float = 1.0,
           query: Callable[[], dict[str, Any]] | None = None, max_frames: int | None = None, note: str = "") -> int:
     """Redraw until Ctrl-C (or ``max_frames`` frames, for tests); returns the exit status.  Each frame
-    is ``select`` of ``GET /v1/jobs`` with the parameters ``query()`` gives then (default: none)."""
+    is ``select`` of every page of ``GET /v1/jobs`` with the parameters ``query()`` gives then (default:
+    none)."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.text import Text
@@ -42,7 +44,7 @@ def watch(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]], interva
             next_at = time.monotonic()
             while max_frames is None or frames < max_frames:
                 try:
-                    view = select(c.get("/v1/jobs", **(query() if query else {})))
+                    view = select(c.every_page("/v1/jobs", **(query() if query else {})))
                     last = QueueView(view, note)
                     live.update(last, refresh=True)
                 except ServerError as e:
@@ -69,7 +71,7 @@ def _print_frames(c: Client, select: Callable[[dict[str, Any]], dict[str, Any]],
     try:
         while max_frames is None or frames < max_frames:
             try:
-                console.print(QueueView(select(c.get("/v1/jobs", **(query() if query else {}))), note))
+                console.print(QueueView(select(c.every_page("/v1/jobs", **(query() if query else {}))), note))
             except ServerError as e:
                 console.print(f"server unreachable ({e.message}); retrying every {interval_s:g}s")
             console.print()

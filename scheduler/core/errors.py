@@ -4,7 +4,7 @@ A ``RequestError`` carries what its caller is told: ``status`` (the HTTP 4xx it 
 words, shown as they are) and ``field`` (the name of the input that is wrong, or None).  The API answers
 each one as ``{"detail": message, "field": field}`` with its status; the store's group commit
 (``scheduler.store.batching``) hands it to the one caller whose call raised it.  Each subclass fixes the
-status.  The CLI's client has its own exception for what it hears back (``scheduler.protocol.http``).
+status.  The CLI's client has its own exception for what it hears back (``scheduler.protocol.servererror``).
 """
 
 from __future__ import annotations

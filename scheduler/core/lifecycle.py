@@ -2,9 +2,10 @@
 
 States are ``StrEnum``s whose values are the strings stored in the database and sent over the API, so
 a member compares (and hashes) equal to the plain string read back from a row or a document.
-``RankState`` and ``TransferState`` are the wire vocabulary of the heartbeat: they are defined in
-``scheduler.protocol.states`` (agents import only the protocol) and re-exported here, so there is one
-definition of each and server code reads every state from this module.
+``RankState`` and ``TransferState`` are the wire vocabulary of the heartbeat, ``JobState`` and
+``NodeState`` (with ``FINAL`` and ``ACTIVE``) the API's: they are defined in ``scheduler.protocol.states``
+(agents import only the protocol; the CLI's listings read it without this module's start-up cost) and
+re-exported here, so there is one definition of each and server code reads every state from this module.
 
 A job moves only along ``TABLE``, one ``(from, to)`` entry per legal move, in the manner of
 dask.distributed's worker state machine: ``plan(job, to, reason, now, **context)`` looks the move up
@@ -14,7 +15,7 @@ A move the table does not hold raises ``IllegalTransition`` before any effect is
 up as an error rather than a job in an impossible state.  ``derive(job, ranks, ...)`` reads the
 move a job's ranks call for (fail, retry, complete, run, stage) from plain rank facts.
 
-Everything here is pure (no session, no clock, no I/O) and light: the CLI imports it at start.
+Everything here is pure (no session, no clock, no I/O) and light.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
-from scheduler.protocol.states import RANK_FINAL, RankState, TransferState
+from scheduler.protocol.states import ACTIVE, FINAL, RANK_FINAL, JobState, NodeState, RankState, TransferState
 
 __all__ = [
     "ACTIVE", "FINAL", "PREEMPT_EVENT", "PREEMPTING_EVENT", "RANK_FINAL", "RANK_LIVE", "TABLE", "TRANSITIONS", "CloseStaging", "Effect",
@@ -32,26 +33,6 @@ __all__ = [
     "ReplicaState", "SetFields", "StopRanks", "TransferState", "can_transition", "derive", "exit_words",
     "gives_up", "plan",
 ]
-
-
-class JobState(StrEnum):
-    """A job: PENDING in the queue, BOUND to devices, STAGING its data, RUNNING, then one final state."""
-
-    PENDING = "PENDING"
-    BOUND = "BOUND"
-    STAGING = "STAGING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-
-
-class NodeState(StrEnum):
-    """A node is up while it heartbeats; the cycle declares it down after ``heartbeat_ttl_s`` of silence."""
-
-    UP = "up"
-    DOWN = "down"
 
 
 class ReplicaState(StrEnum):
@@ -63,8 +44,6 @@ class ReplicaState(StrEnum):
     STAGING = "staging"
 
 
-FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
-ACTIVE = frozenset({JobState.BOUND, JobState.STAGING, JobState.RUNNING})  # holding devices
 PREEMPT_EVENT = "job.preempt"  # the event of each preemption (policies.preemption), one per victim
 PREEMPTING_EVENT = "job.preempting"  # the preemptor's event: the victims taken for it, and why
 RANK_LIVE = frozenset({RankState.ASSIGNED, RankState.STAGING, RankState.READY, RankState.RUNNING})

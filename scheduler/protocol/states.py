@@ -1,4 +1,5 @@
-"""The states an agent and the server name to each other: a rank's and a transfer's.
+"""The states an agent and the server name to each other (a rank's and a transfer's), and the states
+the API names to its clients (a job's and a node's).
 
 These are the wire vocabulary of the heartbeat: an agent reports each rank's ``RankState`` and each
 copy's ``TransferState``, and the server stores the same strings.  This is the one definition of each;
@@ -7,7 +8,8 @@ server code reads every state from the lifecycle and agents read these from here
 strings stored in the database and sent over the API: changing one is a schema and protocol change.
 
 Part of the protocol between the server and the agents: imports nothing else of ``scheduler`` and
-nothing heavy (the CLI and the agents load it at start).
+nothing heavy (the CLI and the agents load it at start).  The table of job moves is
+``scheduler.core.lifecycle``'s.
 """
 
 from __future__ import annotations
@@ -54,3 +56,27 @@ class TransferState(StrEnum):
 
 
 REPORTED_TRANSFER = frozenset({TransferState.RUNNING, TransferState.DONE, TransferState.FAILED})  # what agents say
+
+
+class JobState(StrEnum):
+    """A job: PENDING in the queue, BOUND to devices, STAGING its data, RUNNING, then one final state."""
+
+    PENDING = "PENDING"
+    BOUND = "BOUND"
+    STAGING = "STAGING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+
+
+FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+ACTIVE = frozenset({JobState.BOUND, JobState.STAGING, JobState.RUNNING})  # holding devices
+
+
+class NodeState(StrEnum):
+    """A node is up while it heartbeats; the cycle declares it down after ``heartbeat_ttl_s`` of silence."""
+
+    UP = "up"
+    DOWN = "down"

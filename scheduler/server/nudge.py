@@ -14,7 +14,8 @@ import threading
 
 from sqlalchemy import select
 
-from scheduler.protocol.http import ServerError, send
+from scheduler.protocol.http import send
+from scheduler.protocol.servererror import ServerError
 from scheduler.protocol.tickets import ticket_headers
 from scheduler.server.service import get_setting
 from scheduler.store.db import Database

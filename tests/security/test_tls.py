@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli.localcluster import free_port
-from scheduler.protocol.http import Client, ServerError
+from scheduler.protocol.client import Client
+from scheduler.protocol.servererror import ServerError
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]

@@ -80,8 +80,19 @@ def test_the_rank_spec_file_carries_the_knobs_as_the_job_file_says_them() -> Non
 
 
 def test_the_http_client_loads_neither_pydantic_nor_the_messages() -> None:
-    """``gsched queue`` imports it: it must stay light (see its docstring)."""
+    """The agents import it: it must stay light (see its docstring)."""
     out = subprocess.run([sys.executable, "-c", "import sys, scheduler.protocol.http, scheduler.protocol.tickets; "
                           "print(sorted(m for m in ('pydantic', 'scheduler.protocol.messages') if m in sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_clis_client_loads_no_http_client_urllib_ssl_or_pydantic() -> None:
+    """``gsched queue`` imports it on every start: what it leaves out is most of its start-up (see
+    scheduler/protocol/http1.py)."""
+    heavy = ("pydantic", "scheduler.protocol.messages", "http.client", "urllib.request", "email.parser", "ssl",
+             "typing", "socket")
+    out = subprocess.run([sys.executable, "-c", "import sys, scheduler.protocol.client; "
+                          f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

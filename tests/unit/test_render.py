@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from scheduler.cli.queuefacts import eta_s, job_facts, plain_reason
+from scheduler.cli.queuetext import Terminal, queue_lines, table
 from scheduler.cli.render import QueueView, explain, fit_columns, job_detail
 from scheduler.core.reasons import FROM, Reason, ReasonKind
 
@@ -320,3 +321,55 @@ def test_plots_write_fixed_size_pngs(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="no epoch metrics yet"):
         plot_job({**detail_doc(), "metrics": []}, tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+# ------------------------------------------------------------------ the plain queue (no rich)
+
+
+def long_words_state() -> dict[str, Any]:
+    """Cells rich must fold or cut: a reason with a word longer than its column, a long note."""
+    state = queue_state()
+    state["jobs"][1]["reason"] = "rank 0 exited: " + "x" * 130 + " then more words after it"
+    state["nodes"][0]["drained"] = True
+    state["nodes"][0]["drain_reason"] = "disk swap scheduled by the operators for the weekend window"
+    return state
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 119, 120, 150, 200])
+@pytest.mark.parametrize("state", [queue_state, long_words_state,
+                                   lambda: {"time": T, "jobs": [], "users": [], "nodes": []}],
+                         ids=["cluster", "long-words", "empty"])
+def test_the_plain_queue_is_the_rich_queue_without_rich(utc: None, width: int, state: Any) -> None:
+    view = state()
+    plain = "\n".join(queue_lines(view, Terminal(width), note="filter: user=alice")) + "\n"
+    assert plain == screen(QueueView(view, note="filter: user=alice"), width)
+
+
+def test_the_plain_queue_colours_states_as_rich_does(utc: None) -> None:
+    coloured = "\n".join(queue_lines(queue_state(), Terminal(80, colour=True))) + "\n"
+    assert "\x1b[32mRUNNING" in coloured and "\x1b[33mPENDING" in coloured and "\x1b[1;31mFAILED" in coloured
+    assert "\n".join(line.rstrip() for line in ANSI.sub("", coloured).splitlines()) + "\n" == NARROW_80
+
+
+def test_the_plain_queue_reads_its_terminal_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setenv("COLUMNS", "133")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    term = Terminal.of(stream)
+    assert (term.width, term.colour) == (133, True)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not Terminal.of(stream).colour
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.delenv("NO_COLOR")
+    assert not Terminal.of(stream).colour  # not a terminal
+
+
+@pytest.mark.parametrize("width", [60, 80, 150])
+def test_the_plain_nodes_table_is_the_rich_one(width: int) -> None:
+    from scheduler.cli.queuecells import nodes_layout
+    from scheduler.cli.render import nodes_table
+
+    nodes = long_words_state()["nodes"]
+    plain = "\n".join(line.rstrip() for line in table(nodes_layout(nodes, T, width=width), Terminal(width))) + "\n"
+    assert plain == screen(nodes_table(nodes, T, width=width), width)
