@@ -53,8 +53,8 @@ NODES, DEVICES, USERS = 4, 2, 3
 MAX_ACTIVE = 14  # jobs not yet final, beyond which users hold back their submits
 SAMPLE_S = 0.5
 TINY_SOURCE = "synthetic:classes=4,samples=480,size=8,seed=5"
-REPORT_KEYS = ("submitted", "completed", "cancelled", "failed", "timeout", "lost", "duplicated", "double_held",
-               "tracebacks", "agent_crashes", "node_kills", "server_kills", "pauses")
+REPORT_KEYS = ("submitted", "completed", "cancelled", "failed", "timeout", "lost", "duplicated", "duplicated_while_paused",
+               "double_held", "unknown_jobs", "tracebacks", "agent_crashes", "node_kills", "server_kills", "pauses")
 
 
 @dataclass
@@ -114,7 +114,9 @@ class ProcessWatch(threading.Thread):
         self.stop = threading.Event()
         self.samples = 0
         self.live_jobs: set[int] = set()  # every job seen with a live rank (proves the sampling sees them)
+        self.ranks_on: Counter[str] = Counter()  # node -> live rank processes in the latest sample
         self.seen: dict[int, dict[str, Any]] = {}
+        self.paused: str | None = None  # the node whose agent is paused now (the soak sets it)
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_S):
@@ -122,6 +124,7 @@ class ProcessWatch(threading.Thread):
 
     def sample(self) -> None:
         live: dict[int, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        ranks_on: Counter[str] = Counter()
         for d in Path("/proc").iterdir():
             if not d.name.isdigit():
                 continue
@@ -135,11 +138,14 @@ class ProcessWatch(threading.Thread):
                 continue
             node = env[b"GSCHED_SHARD_LIST"].decode(errors="replace").split("/nodes/", 1)[-1].split("/", 1)[0]
             live[int(env[b"GSCHED_JOB_ID"])][int(env.get(b"GSCHED_ATTEMPT", b"0"))].add(node)
+            ranks_on[node] += 1
+        self.ranks_on = ranks_on
         self.samples += 1
         self.live_jobs.update(live)
         for job, attempts in live.items():
             if len(attempts) > 1 and job not in self.seen:
-                self.seen[job] = {"at": time.time(), "attempts": {a: sorted(n) for a, n in sorted(attempts.items())}}
+                self.seen[job] = {"at": time.time(), "attempts": {a: sorted(n) for a, n in sorted(attempts.items())},
+                                  "paused": self.paused}
 
 
 # ---------------------------------------------------------------- the run
@@ -150,6 +156,7 @@ class Soak:
     opts: Options
     c: LocalCluster
     rng: random.Random
+    watch: ProcessWatch
     tokens: dict[str, str] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)  # job id -> user
     kind: dict[int, str] = field(default_factory=dict)  # job id -> "run" | "resnet"
@@ -159,6 +166,7 @@ class Soak:
     down: dict[str, float] = field(default_factory=dict)  # node -> when it comes back
     paused: str | None = None
     resume_at: float = 0.0
+    server_back_at: float | None = None  # while the server is down: when it is started again
     t0: float = 0.0
     n_req: int = 0
 
@@ -178,7 +186,9 @@ class Soak:
                 "train": {"epochs": 3, "batch_size": 32, "lr": 0.05, "seed": self.rng.randrange(100)},
                 "limits": {"time": 900}}
         else:
-            command = ["true"] if self.rng.random() < 0.15 else ["sleep", str(self.rng.randint(1, 15))]
+            roll = self.rng.random()
+            seconds = self.rng.randint(20, 40) if roll > 0.9 else self.rng.randint(1, 15)
+            command = ["true"] if roll < 0.15 else ["sleep", str(seconds)]
             spec = {"name": f"{user}-{command[0]}",
                     "resources": {"ranks": self.rng.choice([1, 1, 1, 2]), "gpus_per_rank": self.rng.choice([1, 1, 2])},
                     "run": {"command": command, "grace_s": 1}, "limits": {"time": 600}}
@@ -240,6 +250,8 @@ class Soak:
     def fault(self, what: str) -> None:
         now = time.monotonic()
         node = self.rng.choice(self.up_nodes())
+        if what == "pause":  # the node running most ranks: a pause that cuts nothing off proves nothing
+            node = max(self.up_nodes(), key=lambda n: (self.watch.ranks_on[n], self.rng.random()))
         if what == "crash":
             self.say(f"agent crash: SIGKILL agent-{node} (its ranks live on), restart in 1 s")
             self.c.kill(f"agent-{node}", signal.SIGKILL)
@@ -253,20 +265,24 @@ class Soak:
             self.counts["node_kills"] += 1
         elif what == "pause":
             hold = self.opts.ttl_s + 4.0
-            self.say(f"pause: SIGSTOP agent-{node} for {hold:.0f} s (TTL {self.opts.ttl_s:.0f} s)")
+            self.say(f"pause: SIGSTOP agent-{node} ({self.watch.ranks_on[node]} live ranks) for {hold:.0f} s "
+                     f"(TTL {self.opts.ttl_s:.0f} s)")
             self.c.procs[f"agent-{node}"].send_signal(signal.SIGSTOP)
             self.paused, self.resume_at = node, now + hold
+            self.watch.paused = node
             self.counts["pauses"] += 1
         elif what == "server":
-            self.say("server kill: SIGKILL, restart in 2 s")
+            self.say("server kill: SIGKILL, restarted in 3 s (users go on submitting and cancelling)")
             self.c.kill("server", signal.SIGKILL)
             self.counts["server_kills"] += 1
-            time.sleep(2.0)
-            self.c.start_server()
-            self.say("server back")
+            self.server_back_at = now + 3.0
 
     def mend(self, everything: bool = False) -> None:
         now = time.monotonic()
+        if self.server_back_at is not None and (everything or now >= self.server_back_at):
+            self.c.start_server(wait=False)  # requests fail until it answers, and are tried again
+            self.server_back_at = None
+            self.say("server started again")
         for node, at in sorted(self.down.items()):
             if everything or now >= at:
                 self.c.start_agent(node)
@@ -275,7 +291,7 @@ class Soak:
         if self.paused and (everything or now >= self.resume_at):
             self.c.procs[f"agent-{self.paused}"].send_signal(signal.SIGCONT)
             self.say(f"resume: SIGCONT agent-{self.paused}")
-            self.paused = None
+            self.paused = self.watch.paused = None
 
     def plan(self, span_s: float) -> list[tuple[float, str]]:
         """When each fault comes, in seconds from the start: the pause at a third, the server kill at
@@ -295,8 +311,8 @@ class Soak:
         while (elapsed := time.monotonic() - self.t0) < span_s:
             self.mend()
             if plan and elapsed >= plan[0][0]:
-                if self.paused or (plan[0][1] != "server" and len(self.up_nodes()) < len(self.c.nodes) - 1):
-                    plan[0] = (plan[0][0] + 2.0, plan[0][1])  # one node away at a time
+                if self.paused or self.server_back_at or len(self.up_nodes()) < len(self.c.nodes) - 1:
+                    plan[0] = (plan[0][0] + 2.0, plan[0][1])  # at most two nodes away, one fault at a time
                 else:
                     self.fault(plan.pop(0)[1])
             if elapsed - last_poll >= 2.0 and self.poll():
@@ -341,7 +357,8 @@ class Soak:
         lost = {j: {"state": d["state"], "reason": d["reason"],
                     "events": [f"{e['kind']}: {e['message']}" for e in d["events"][-4:]]}
                 for j, d in docs.items() if d["state"] not in FINAL}
-        return {"submitted": len(docs), "completed": by["COMPLETED"], "cancelled": by["CANCELLED"],
+        listed = {j["id"] for j in self.c.admin().get("/v1/jobs", all="true")["jobs"]}
+        return {"submitted": len(docs), "unknown_jobs": sorted(listed - set(docs)), "completed": by["COMPLETED"], "cancelled": by["CANCELLED"],
                 "failed": by["FAILED"], "failed_reasons": {r: ids for r, ids in failed.items()},
                 "timeout": by["TIMEOUT"], "lost": len(lost), "lost_jobs": lost,
                 "resnet_jobs": sum(1 for k in self.kind.values() if k == "resnet"),
@@ -373,7 +390,7 @@ def soak(opts: Options) -> dict[str, Any]:
         c.start()
         if opts.resnet > 0:
             c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "4", "--replicas", "2")
-        s = Soak(opts, c, rng)
+        s = Soak(opts, c, rng, watch)
         for i in range(USERS):
             s.tokens[f"user{i}"] = c.add_user(f"user{i}")
         watch.start()
@@ -384,6 +401,7 @@ def soak(opts: Options) -> dict[str, Any]:
         report["double_held"] = len(report["double_held_pairs"])
         report["duplicated_jobs"] = watch.seen
         report["duplicated"] = len(watch.seen)
+        report["duplicated_while_paused"] = sum(1 for d in watch.seen.values() if d["paused"])
         report["process_samples"] = watch.samples
         report["jobs_seen_live"] = len(watch.live_jobs)
         report["tracebacks"] = tracebacks(root)
@@ -403,20 +421,28 @@ def print_report(r: dict[str, Any]) -> None:
     for key in (*REPORT_KEYS[:5], "resnet_jobs", "resnet_completed", "restarts", "cancel_requests",
                 "submit_retries", *REPORT_KEYS[5:], "process_samples", "jobs_seen_live", "wall_s"):
         value = r[key]
-        print(f"  {key}: {value if not isinstance(value, dict) else (sum(value.values()) if value else 0)}", flush=True)
+        if isinstance(value, dict | list):
+            value = sum(value.values()) if isinstance(value, dict) else len(value)
+        print(f"  {key}: {value}", flush=True)
     for reason, ids in r["failed_reasons"].items():
         print(f"  FAILED {len(ids)}x: {reason} (jobs {ids[:10]})", flush=True)
     for job, doc in r["lost_jobs"].items():
         print(f"  LOST job {job}: {doc['state']} ({doc['reason']}); last events {doc['events']}", flush=True)
     for job, doc in r["duplicated_jobs"].items():
-        print(f"  DUPLICATED job {job}: attempts alive at once {doc['attempts']}", flush=True)
+        print(f"  DUPLICATED job {job}: attempts alive at once (nodes) {doc['attempts']}"
+              + (f", while agent-{doc['paused']} was paused" if doc["paused"] else ""), flush=True)
+    if r["unknown_jobs"]:
+        print(f"  UNKNOWN jobs (a submit that made two): {r['unknown_jobs'][:20]}", flush=True)
     for node, dev, a, b in r["double_held_pairs"][:20]:
         print(f"  DOUBLE-HELD {node} device {dev}: (job, attempt, rank) {a} and {b}", flush=True)
     for name, n in r["tracebacks"].items():
         print(f"  tracebacks in {name}.log: {n}", flush=True)
-    bad = r["lost"] or r["duplicated"] or r["double_held"]
-    print(f"[soak] {'FAIL' if bad else 'OK'}: lost {r['lost']}, duplicated {r['duplicated']}, "
-          f"double-held {r['double_held']}", flush=True)
+    print(f"[soak] {'FAIL' if failed(r) else 'OK'}: lost {r['lost']}, duplicated {r['duplicated']}, "
+          f"double-held {r['double_held']}, unknown jobs {len(r['unknown_jobs'])}", flush=True)
+
+
+def failed(r: dict[str, Any]) -> bool:
+    return bool(r["lost"] or r["duplicated"] or r["double_held"] or r["unknown_jobs"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     r = soak(Options(minutes=a.minutes, seed=a.seed, resnet=a.resnet, drain_s=a.drain_s, ttl_s=a.ttl_s, keep=a.keep))
     print_report(r)
-    return 1 if r["lost"] or r["duplicated"] or r["double_held"] else 0
+    return 1 if failed(r) else 0
 
 
 if __name__ == "__main__":

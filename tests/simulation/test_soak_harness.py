@@ -32,7 +32,7 @@ def test_half_a_minute_of_soak_reports_every_figure_and_finds_nothing_wrong(caps
     report = printed.split("[soak] report\n", 1)[1]
     for key in REPORT_KEYS:
         assert f"  {key}: " in report, (key, printed)
-    assert "[soak] OK: lost 0, duplicated 0, double-held 0" in printed, printed
+    assert "[soak] OK: lost 0, duplicated 0, double-held 0, unknown jobs 0" in printed, printed
     assert code == 0
     figures = dict(line.strip().split(": ", 1) for line in report.splitlines() if line.startswith("  ") and ": " in line
                    and not line.strip().startswith(("FAILED", "LOST", "DUPLICATED", "DOUBLE-HELD", "tracebacks in")))
