@@ -3,9 +3,13 @@ beyond "nothing lost, duplicated or double-held")."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from benchmarks.soak import REPORT_KEYS, double_held, main
+from benchmarks.soak import REPORT_KEYS, ProcessWatch, double_held, main
 
 
 def test_double_held_finds_overlapping_holds_of_one_device_by_different_attempts() -> None:
@@ -23,6 +27,28 @@ def test_double_held_finds_overlapping_holds_of_one_device_by_different_attempts
         ("n1", 1, (1, 1, 0), (1, 2, 0)),
         ("n2", 0, (3, 1, 0), (4, 1, 1)),
     ]
+
+
+def test_the_process_watch_sees_two_attempts_of_one_job_alive_at_once(tmp_path: Path) -> None:
+    def rank(job: int, attempt: int, node: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "GSCHED_JOB_ID": str(job), "GSCHED_ATTEMPT": str(attempt),
+               "GSCHED_SHARD_LIST": f"{tmp_path.resolve()}/nodes/{node}/.gsched/run/rank-0.shards"}
+        return subprocess.Popen(["sleep", "30"], env=env)
+
+    procs = [rank(7, 1, "n1"), rank(7, 2, "n2"), rank(8, 1, "n1")]
+    try:
+        watch = ProcessWatch(tmp_path)
+        watch.paused = "n1"
+        watch.sample()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert watch.live_jobs == {7, 8} and watch.ranks_on == {"n1": 2, "n2": 1}
+    assert list(watch.seen) == [7]
+    assert watch.seen[7]["attempts"] == {1: ["n1"], 2: ["n2"]} and watch.seen[7]["paused"] == "n1"
+    watch.sample()  # both gone now: nothing new
+    assert list(watch.seen) == [7]
 
 
 @pytest.mark.integration
