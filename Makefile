@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration bench clean venv
+.PHONY: demo test lint unit integration bench soak clean venv
 
 venv: $(STAMP)
 
@@ -32,6 +32,12 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# Not part of `make test`: random multi-user churn with faults on a real local cluster (benchmarks/soak.py).
+MINUTES ?= 30
+SEED ?= 0
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
