@@ -66,6 +66,10 @@ class Options:
     ttl_s: float = 8.0
     heartbeat_s: float = 1.0
     keep: bool = False  # keep the cluster's directory (logs, database) afterwards
+    # Pause an agent past its TTL.  A paused agent's ranks run on while its jobs are placed again
+    # elsewhere (a known gap: nothing fences a cut-off node's ranks yet), so a run with a pause can
+    # count a duplicate that is that gap, not a new bug; the smoke test runs without one.
+    pause: bool = True
 
 
 # ---------------------------------------------------------------- what the checks read
@@ -298,7 +302,8 @@ class Soak:
         three fifths, and a crash or node death about every 40 s in between (at least one of each)."""
         kinds = ["crash", "node"] + [self.rng.choice(["crash", "node"]) for _ in range(round(span_s / 40) - 2)]
         faults = [(span_s * self.rng.uniform(0.1, 0.9), kind) for kind in kinds]
-        return sorted([*faults, (span_s / 3, "pause"), (span_s * 0.6, "server")])
+        pause = [(span_s / 3, "pause")] if self.opts.pause else []
+        return sorted([*faults, *pause, (span_s * 0.6, "server")])
 
     # ------------------------------------------------------------ the whole run
     def run(self) -> dict[str, Any]:
@@ -454,8 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-s", type=float, default=d.drain_s, help="how long the queue may take to drain")
     p.add_argument("--ttl-s", type=float, default=d.ttl_s, help="the heartbeat TTL (a node silent this long is down)")
     p.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs, database)")
+    p.add_argument("--no-pause", action="store_true",
+                   help="pause no agent (a paused agent's ranks run on while its jobs run elsewhere: a known gap)")
     a = p.parse_args(argv)
-    r = soak(Options(minutes=a.minutes, seed=a.seed, resnet=a.resnet, drain_s=a.drain_s, ttl_s=a.ttl_s, keep=a.keep))
+    r = soak(Options(minutes=a.minutes, seed=a.seed, resnet=a.resnet, drain_s=a.drain_s, ttl_s=a.ttl_s, keep=a.keep,
+                     pause=not a.no_pause))
     print_report(r)
     return 1 if failed(r) else 0
 
