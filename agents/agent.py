@@ -220,13 +220,15 @@ class Agent:
         body: dict[str, Any] = {"node": self.node, "rack": self.rack, "address": self.address,
                                 "incarnation": self.incarnation, "devices": self.devices,
                                 "free_bytes": free_bytes(self.data_dir)}
+        # _last_full is set before the scan: a shard noted while it runs (note_shard, from the data
+        # server's threads) sets it back to 0, so the next heartbeat, which note_shard wakes, reports it
+        # (set after the scan, it overwrote that request and the shard waited for the next full report)
         if now - self._last_scrub >= self.scrub_interval_s:
+            self._last_scrub = self._last_full = now
             body["replicas"] = self.inventory.scan(rehash=True)
-            self._last_scrub = now
-            self._last_full = now
         elif now - self._last_full >= FULL_INVENTORY_EVERY_S:
-            body["replicas"] = self.inventory.scan()
             self._last_full = now
+            body["replicas"] = self.inventory.scan()
         dirs = self.retention.due(now)
         if dirs is not None:
             body["job_dirs"] = dirs

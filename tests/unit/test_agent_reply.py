@@ -43,3 +43,34 @@ def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_for
 
     agent.heartbeat()
     assert sent[2]["ranks"] == []
+
+
+def test_a_shard_noted_while_a_heartbeat_scans_is_reported_by_the_next_heartbeat(tmp_path: Path) -> None:
+    # A copy lands (the data server's thread calls note_shard) while a full heartbeat is scanning the data
+    # dir: the scan missed it, and the next heartbeat (which note_shard woke) must be a full one again.
+    agent = Agent(["http://127.0.0.1:9"], "n1", "r1", "1", tmp_path / "node", token="gsa_stand_in")
+    sent: list[dict[str, Any]] = []
+
+    def server(path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+        sent.append(body)
+        return {"assignments": [], "kill": [], "transfers": [], "delete": [], "peer_key": "k" * 64}
+
+    agent._post = server  # type: ignore[method-assign]
+    agent.heartbeat()  # the first report is full (nothing there yet)
+    shard = tmp_path / "node" / "d" / "00000.shard"
+    scan = agent.inventory.scan
+
+    def scan_while_a_copy_lands(rehash: bool = False) -> list[dict[str, Any]]:
+        out = scan(rehash)
+        shard.parent.mkdir(parents=True, exist_ok=True)
+        shard.write_bytes(b"x" * 10)
+        agent.note_shard("d", 0, shard, "a" * 64)
+        return out
+
+    agent._last_full = 0.0  # a full report is due
+    agent.inventory.scan = scan_while_a_copy_lands  # type: ignore[method-assign]
+    agent.heartbeat()
+    assert sent[1]["replicas"] == []  # the scan ran before the copy landed
+    agent.inventory.scan = scan  # type: ignore[method-assign]
+    agent.heartbeat()
+    assert [(r["dataset"], r["shard"]) for r in sent[2].get("replicas") or []] == [("d", 0)]
