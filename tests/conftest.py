@@ -34,8 +34,11 @@ def make_cluster(tmp_path: Path) -> Iterator:
         c.close()
 
 
-def rank_processes(job_id: int) -> list[int]:
-    """PIDs of live rank processes of ``job_id`` on this machine (read from /proc)."""
+def rank_processes(job_id: int, root: Path) -> list[int]:
+    """PIDs of live rank processes of ``job_id`` of the cluster under ``root`` (its GSCHED_SHARD_LIST
+    lies there) on this machine, read from /proc: another cluster's job of the same id (another test,
+    another run of the suite beside this one) is not this one."""
+    under = b"GSCHED_SHARD_LIST=" + str(Path(root).resolve()).encode()
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -50,7 +53,7 @@ def rank_processes(job_id: int) -> list[int]:
             continue
         if "State:\tZ" in status:
             continue
-        if f"GSCHED_JOB_ID={job_id}".encode() in env:
+        if f"GSCHED_JOB_ID={job_id}".encode() in env and any(v.startswith(under) for v in env):
             pids.append(int(d.name))
     return pids
 

@@ -71,11 +71,11 @@ def test_cancel_kills_every_rank_and_frees_devices(two_nodes, tmp_path):  # type
     spec.write_text(job_toml("long", ranks=2, epochs=200))
     job_id = int(c.cli("submit", str(spec), token=bob).stdout.split()[-1])
     c.wait_job(job_id, "RUNNING", timeout=120)
-    c.wait_for(lambda: len(rank_processes(job_id)) == 2, 60, "both rank processes to exist")
+    c.wait_for(lambda: len(rank_processes(job_id, c.root)) == 2, 60, "both rank processes to exist")
 
     out = c.cli("cancel", str(job_id), token=bob)
     assert "CANCELLED" in out.stdout
-    c.wait_for(lambda: not rank_processes(job_id), 60, "every rank process to be gone")
+    c.wait_for(lambda: not rank_processes(job_id, c.root), 60, "every rank process to be gone")
     c.wait_for(lambda: all(n["devices_free"] == 1 for n in c.admin().get("/v1/nodes")), 30, "devices to be freed")
     doc = c.job(job_id)
     assert doc["state"] == "CANCELLED"

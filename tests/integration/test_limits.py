@@ -31,7 +31,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout_with_its_checkpoi
     spec.write_text(job_toml("endless", ranks=2, epochs=1000, limits='time = "30m"'))
     job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
     c.wait_job(job_id, "RUNNING", timeout=120)
-    assert rank_processes(job_id)
+    assert rank_processes(job_id, c.root)
     # Once it has finished four epochs (however long a loaded machine takes for them), its limit is
     # cut to a few seconds past now (``update --time``, down only for a running job): it must stop then.
     c.wait_for(lambda: len(c.job(job_id)["metrics"]) >= 4, 300, "four epochs")
@@ -70,7 +70,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout_with_its_checkpoi
     assert all(kept(ck["epoch"], set(ck["nodes"])) for ck in listed[1:])
     assert kept(listed[0]["epoch"], set(listed[0]["nodes"])) or kept(listed[-1]["epoch"] + 1, nodes)
     # Every rank was stopped and its devices went back to the pool.
-    c.wait_for(lambda: rank_processes(job_id) == [], 30, "the ranks to exit")
+    c.wait_for(lambda: rank_processes(job_id, c.root) == [], 30, "the ranks to exit")
     c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
     assert [e["kind"] for e in doc["events"]].count("job.timeout") == 1
 
@@ -81,7 +81,7 @@ def test_a_crashed_rank_stops_its_gang_and_fails_the_job_naming_rank_code_and_lo
     spec.write_text(job_toml("crashy", ranks=2, epochs=1000))
     job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
     doc = c.wait_for(lambda: (d := c.job(job_id))["metrics"] and d, 120, "a first epoch")
-    pids = rank_processes(job_id)
+    pids = rank_processes(job_id, c.root)
     assert len(pids) == 2
     rank1_node = next(r["node"] for r in doc["ranks"] if r["rank"] == 1)
     victim = next(p for p in pids if b"RANK=1" in open(f"/proc/{p}/environ", "rb").read().split(b"\0"))
@@ -94,7 +94,7 @@ def test_a_crashed_rank_stops_its_gang_and_fails_the_job_naming_rank_code_and_lo
     assert "epoch" in doc["reason"].lower()
     assert doc["restarts"] == 0 and doc["attempt"] == 1  # not retried: retry_on_failure defaults to 0
     # Its peer was stopped with it; nothing of the job runs any more, the devices are free.
-    c.wait_for(lambda: rank_processes(job_id) == [], 30, "the surviving rank to be stopped")
+    c.wait_for(lambda: rank_processes(job_id, c.root) == [], 30, "the surviving rank to be stopped")
     c.wait_for(lambda: _free_everywhere(c), 30, "the devices to be free")
 
 
@@ -107,8 +107,8 @@ def test_retry_on_failure_places_the_job_again_then_fails_it_past_the_bound(two_
     def kill_the_rank(attempt: int) -> None:
         c.wait_for(lambda: (d := c.job(job_id))["state"] == "RUNNING" and d["attempt"] == attempt and d, 120,
                    f"attempt {attempt} to run")
-        c.wait_for(lambda: len(rank_processes(job_id)) == 1, 60, "its rank process")
-        os.kill(rank_processes(job_id)[0], signal.SIGKILL)
+        c.wait_for(lambda: len(rank_processes(job_id, c.root)) == 1, 60, "its rank process")
+        os.kill(rank_processes(job_id, c.root)[0], signal.SIGKILL)
 
     kill_the_rank(1)
     doc = c.wait_for(lambda: (d := c.job(job_id))["attempt"] == 2 and d, 60, "the retry")

@@ -57,7 +57,7 @@ def test_a_resumed_job_skips_a_corrupted_newest_checkpoint_for_the_previous_good
     job_id = int(c.cli("submit", str(spec)).stdout.split()[-1])
     doc = c.wait_for(lambda: len((d := c.job(job_id))["checkpoints"]) >= 2 and d, 240, "two checkpoints")
     rank0 = doc["ranks"][0]["node"]
-    for pid in rank_processes(job_id):  # freeze the rank: no checkpoint is written from here on
+    for pid in rank_processes(job_id, c.root):  # freeze the rank: no checkpoint is written from here on
         os.kill(pid, signal.SIGSTOP)
     store = c.data_dir(rank0) / ".gsched" / "jobs" / str(job_id) / "checkpoints"
 
