@@ -50,6 +50,8 @@ MATRIX: list[tuple[str, tuple[int, ...]]] = [
     ("POST /v1/datasets",                          (401, 401, 201, 201, 201, 403, 403)),
     ("POST /v1/datasets/{dataset}/place",          (401, 401, 403, 200, 200, 403, 403)),
     ("POST /v1/datasets/{new_dataset}/scan",       (401, 401, 200, 200, 200, 403, 403)),  # any user may register
+    # the owner or an admin may roll a registration back; this one's data set is read by a job: refused
+    ("POST /v1/datasets/{dataset}/abandon",        (401, 401, 403, 409, 409, 403, 403)),
     ("GET /v1/users",                              (401, 401, 403, 403, 200, 403, 403)),
     ("POST /v1/users",                             (401, 401, 403, 403, 201, 403, 403)),
     ("DELETE /v1/users/{fresh_user}",              (401, 401, 403, 403, 200, 403, 403)),
@@ -76,6 +78,7 @@ def body_for(w: World, endpoint: str) -> Any:
                                       "shards": [{"index": 0, "bytes": 1, "sha256": SHA0, "samples": 1}]},
         "POST /v1/datasets/{dataset}/place": lambda: {"replicas": 1},
         "POST /v1/datasets/{new_dataset}/scan": lambda: w.scan_body("n1"),
+        "POST /v1/datasets/{dataset}/abandon": lambda: {"failed": [{"node": "n1", "shard": 0}], "reason": "matrix"},
         "POST /v1/users": lambda: {"name": f"u{n}"},
         "PUT /v1/users/{fresh_user}/shares": lambda: {"shares": 2},
         "PUT /v1/users/{fresh_user}/unix-user": lambda: {"unix_user": "nobody"},
@@ -143,6 +146,8 @@ BAD: list[tuple[str, str, Any, tuple[int, ...]]] = [
     ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/{dataset}/place",        {"replicas": 0},  OWNER),
     ("POST /v1/datasets/{dataset}/place",  "/v1/datasets/" + "x" * 65 + "/place", {"replicas": 1},  PERSON),
     ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"bogus": 1},     PERSON),
+    ("POST /v1/datasets/{dataset}/abandon", "/v1/datasets/{dataset}/abandon",   {"bogus": 1},     OWNER),
+    ("POST /v1/datasets/{dataset}/abandon", "/v1/datasets/{dataset}/abandon",   NOT_JSON,         OWNER),
     ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   NOT_JSON,         PERSON),
     ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"nodes": []},    PERSON),
     ("POST /v1/datasets/{new_dataset}/scan", "/v1/datasets/{new_dataset}/scan",   {"nodes": ["n 1"]}, PERSON),
