@@ -214,7 +214,9 @@ def replay(report: Report) -> None:
     try:
         t0 = time.monotonic()
         ids = set(_submit_all(c, bodies, t0))
-        _wait_ended(c, 600)
+        # Twice the last ideal end, and two minutes: its longest job alone runs 477 s (ends at 485 s at
+        # the earliest), so a fixed 600 s timed out with it queued for whole-node devices.
+        _wait_ended(c, 2 * max(at + s for (at, _), s in zip(bodies, ideal, strict=True)) + 120)
         rows = sorted((j for j in _jobs(c) if j["id"] in ids), key=lambda j: j["id"])
     finally:
         c.close()
