@@ -72,14 +72,15 @@ def _lines_of_other_sections(path: Path, ran: tuple[str, ...]) -> tuple[list[str
 
 def _hand_written_sections(path: Path, generated: tuple[str, ...] = ()) -> str:
     """The ``## `` sections of an existing results file that a run does not generate (device figures,
-    caveats, separately run sections): a new run keeps them after its own."""
+    caveats, separately run sections, the quality grid of a run without ``quality``): a new run keeps
+    them after its own."""
     if not path.is_file():
         return ""
     kept: list[str] = []
     keep = False
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            keep = line.strip() not in GENERATED + generated + ("## Quality grid",)
+            keep = line.strip() not in GENERATED + generated
         if keep:
             kept.append(line)
     return "\n".join(kept).strip() + "\n" if kept else ""
