@@ -8,8 +8,9 @@
 5. decide: stage 1 (per job, local) and stage 2 (the configured arbiter), pure functions of the snapshot.
 6. preempt (``[policy] preempt`` on): victims of ``policies.preemption.plan_preemptions`` go back to
    PENDING and their ranks are stopped; their devices go to the preemptor once free (a later cycle).
-7. bind: one transaction per chosen job, re-checking that its devices are still free; a bind that
-   fails its re-check is counted (``bind_failed``) and its job explained as such.
+7. bind: the chosen jobs in transactions of up to ``BIND_BATCH`` jobs, each job re-checking that its
+   devices are still free; a bind that fails its re-check is counted (``bind_failed``) and its job
+   explained as such.
 8. replicate: copies are scheduled for under-replicated shards (bounded concurrency).
 9. report: every pending job's explanation and a cluster sample are stored.
 10. thin: hourly, the cluster history is thinned.

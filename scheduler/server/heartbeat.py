@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -75,6 +76,7 @@ LIVE_RANK = RANK_LIVE
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DROP_GRACE_S = 120.0  # how long a dropped copy the agent still lists is not taken back as a copy
 MAX_RESUME = 8  # checkpoints an assignment names to resume from: the newest, then older ones to fall back on
+IN_CHUNK = 500  # ids in one ``IN (...)`` list (SQLite's limit on bound parameters is far above)
 
 
 def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0,
@@ -109,19 +111,43 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
         _inventory(s, now, hb)
     touched: set[int] = set()
     kill: list[dict[str, int]] = []
-    here = _ranks(s, now, hb, restarted, touched, kill)
+    jobs: dict[int, Job] = {}  # every job this heartbeat reads, loaded once and held for its length
+    here = _ranks(s, now, hb, restarted, touched, kill, jobs)
     mine = _ranks_here(s, hb)
     _logs(s, hb, mine)
-    _metrics(s, now, hb, touched, mine)
+    _metrics(s, now, hb, touched, mine, jobs)
     _transfers(s, now, hb)
-    for job_id in sorted(touched):
-        job = s.get(Job, job_id)
-        if job is not None:
-            sync_job(s, now, job, failure_grace_s)
+    _load_jobs(s, touched, jobs)
+    synced = [jobs[j] for j in sorted(touched) if j in jobs]
+    ranks = ranks_of(s, synced)
+    for job in synced:
+        sync_job(s, now, job, failure_grace_s, ranks[job.id])
     s.flush()
-    out = _reply(s, hb.node, kill, here, single_team, disk_floor_bytes)
+    out = _reply(s, hb.node, kill, here, single_team, jobs, disk_floor_bytes)
     if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
         out["ended"] = ended_jobs(s, now, hb.job_dirs)
+    return out
+
+
+def _load_jobs(s: Session, ids: Iterable[int], jobs: dict[int, Job]) -> None:
+    """Add the jobs of ``ids`` not in ``jobs`` yet, read in one query.  Holding them in ``jobs`` keeps
+    them in the session's identity map (which holds unchanged rows weakly), so none is read twice."""
+    missing = sorted(set(ids) - set(jobs))
+    for at in range(0, len(missing), IN_CHUNK):
+        for job in s.scalars(select(Job).where(Job.id.in_(missing[at:at + IN_CHUNK]))):
+            jobs[job.id] = job
+
+
+def ranks_of(s: Session, jobs: Iterable[Job]) -> dict[int, list[Rank]]:
+    """Each job's ranks of its current attempt (by rank), read in one query per ``IN_CHUNK`` jobs:
+    what ``sync_job`` and the reply need, instead of a query per job."""
+    by_id = {j.id: j for j in jobs}
+    out: dict[int, list[Rank]] = {j: [] for j in by_id}
+    ids = sorted(by_id)
+    for at in range(0, len(ids), IN_CHUNK):
+        for r in s.scalars(select(Rank).where(Rank.job_id.in_(ids[at:at + IN_CHUNK])).order_by(Rank.rank)):
+            if r.attempt == by_id[r.job_id].attempt:
+                out[r.job_id].append(r)
     return out
 
 
@@ -187,11 +213,13 @@ def _inventory(s: Session, now: float, hb: Heartbeat) -> None:
 
 
 def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[int],
-           kill: list[dict[str, int]]) -> list[Rank]:
+           kill: list[dict[str, int]], jobs: dict[int, Job]) -> list[Rank]:
     """Apply the reported ranks; returns the node's ranks that were not final before (the reply
-    picks the live and the killing ones among them, so it need not read them again)."""
+    picks the live and the killing ones among them, so it need not read them again).  Their jobs are
+    read into ``jobs`` in one query."""
     rows = {(r.job_id, r.attempt, r.rank): r
             for r in s.scalars(select(Rank).where(Rank.node == hb.node, Rank.state.not_in(RANK_FINAL)))}
+    _load_jobs(s, {r.job_id for r in rows.values()}, jobs)
     reported = set()
     for rr in hb.ranks:
         key = (rr.job_id, rr.attempt, rr.rank)
@@ -218,7 +246,7 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
             row.state = RankState(rr.state)
             if rr.state == RankState.RUNNING and row.started_at is None:
                 row.started_at = now
-        job = s.get(Job, row.job_id)
+        job = jobs.get(row.job_id)
         if job is None:
             continue
         if rr.error:
@@ -249,7 +277,7 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
             row.state, row.ended_at = RankState.KILLED, now
         else:
             row.state, row.exit_code, row.ended_at = RankState.KILLED, None, now
-            job = s.get(Job, row.job_id)
+            job = jobs.get(row.job_id)
             if job is not None and job.state in ACTIVE and job.attempt == row.attempt:
                 why = "restarted" if restarted else "lost the rank"
                 requeue_job(s, now, job, f"node {hb.node} {why} (rank {row.rank})")
@@ -273,10 +301,12 @@ def _logs(s: Session, hb: Heartbeat, mine: set[tuple[int, int, int]]) -> None:
             s.add(LogChunk(job_id=chunk.job_id, attempt=chunk.attempt, rank=chunk.rank, offset=0, text=chunk.text))
 
 
-def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set[tuple[int, int, int]]) -> None:
+def _metrics(s: Session, now: float, hb: Heartbeat, touched: set[int], mine: set[tuple[int, int, int]],
+             jobs: dict[int, Job]) -> None:
     attempts_here = {(j, a) for j, a, _ in mine}
+    _load_jobs(s, {m.job_id for m in hb.metrics}, jobs)
     for m in hb.metrics:
-        job = s.get(Job, m.job_id)
+        job = jobs.get(m.job_id)
         if job is None or m.attempt != job.attempt or (m.job_id, m.attempt) not in attempts_here:
             continue
         line = m.line
@@ -322,13 +352,15 @@ def _transfers(s: Session, now: float, hb: Heartbeat) -> None:
                 node.staged_bytes += t.bytes
 
 
-def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> None:
+def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0, ranks: list[Rank] | None = None) -> None:
     """Make the move an active job's ranks call for (``lifecycle.derive``: fail after ``failure_grace_s``,
     retry, complete, run, stage), if any.  Idempotent: the cycle calls it again for every active job,
-    which settles a failure once its grace has passed."""
+    which settles a failure once its grace has passed.  ``ranks``: the job's ranks of its current
+    attempt, when the caller read them already (``ranks_of``); else they are read here."""
     if job.state not in ACTIVE:
         return
-    ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+    if ranks is None:
+        ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
     retries = job.parsed_spec.limits.retry_on_failure
     step = derive(job, ranks, now, failure_grace_s, retries)
     if step is None:
@@ -337,6 +369,32 @@ def sync_job(s: Session, now: float, job: Job, failure_grace_s: float = 0.0) -> 
         requeue_job(s, now, job, step.reason, **step.context)
     else:
         move(s, now, job, step.to, step.reason, **step.context)
+
+
+def _reads(s: Session, jobs: list[Job]) -> dict[tuple[int, int], list[ShardAssignment]]:
+    """(job, rank) -> the rank's shard reads of the job's current attempt, by shard; one query."""
+    attempt = {j.id: j.attempt for j in jobs}
+    out: dict[tuple[int, int], list[ShardAssignment]] = {}
+    if not attempt:
+        return out
+    for a in s.scalars(select(ShardAssignment).where(ShardAssignment.job_id.in_(sorted(attempt)))
+                       .order_by(ShardAssignment.job_id, ShardAssignment.rank, ShardAssignment.shard)):
+        if a.attempt == attempt[a.job_id]:
+            out.setdefault((a.job_id, a.rank), []).append(a)
+    return out
+
+
+def _checkpoints(s: Session, job_ids: list[int]) -> dict[int, list[Checkpoint]]:
+    """Job -> its ``MAX_RESUME`` newest checkpoints, newest first; one query."""
+    out: dict[int, list[Checkpoint]] = {}
+    if not job_ids:
+        return out
+    for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id.in_(job_ids))
+                       .order_by(Checkpoint.job_id, Checkpoint.epoch.desc())):
+        newest = out.setdefault(c.job_id, [])
+        if len(newest) < MAX_RESUME:
+            newest.append(c)
+    return out
 
 
 def _resume(ckpt: Checkpoint, book: _NodeBook) -> Resume:
@@ -406,30 +464,39 @@ def _groups(ranks: list[Rank], node_name: str) -> tuple[int, int]:
 
 
 def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Rank],
-           single_team: bool = False, disk_floor_bytes: int = 0) -> dict[str, Any]:
+           single_team: bool = False, jobs: dict[int, Job] | None = None,
+           disk_floor_bytes: int = 0) -> dict[str, Any]:
     """The ``HeartbeatReply`` for this node, as its JSON body (``HeartbeatReply.wire``).
 
     ``kill``: the ranks ``_ranks`` found to kill (the node's KILLING ranks are added, each once).
     ``here``: the node's ranks not final before this heartbeat (``_ranks``), states as updated since.
     Under SQLite the transaction holds the write lock, so no rank is bound in the meantime; under
     PostgreSQL a rank bound between the two reads goes out with the node's next heartbeat.  Pending
-    transfers to this node are marked running, and its delete orders done, as they are sent."""
+    transfers to this node are marked running, and its delete orders done, as they are sent.
+    ``jobs``: the jobs of ``here`` as read already (``_ranks``); read here when not given.
+
+    What the assignments need is read once for all of them (each job's ranks, shard reads and newest
+    checkpoints: a query each), not once per rank."""
     assignments = []
     live = [r for r in here if r.state in LIVE_RANK]
     book = _NodeBook(s)
-    for r in live:
-        if r.state == RankState.RUNNING:
-            continue  # reported RUNNING by this very heartbeat: it has its port, shards and checkpoint
-        job = s.get(Job, r.job_id)
-        if job is None or job.state not in ACTIVE or job.attempt != r.attempt:
-            continue
-        ranks = list(s.scalars(select(Rank).where(Rank.job_id == job.id, Rank.attempt == job.attempt)))
+    jobs = jobs if jobs is not None else {}
+    _load_jobs(s, {r.job_id for r in live if r.state != RankState.RUNNING}, jobs)
+    # Reported RUNNING by this very heartbeat: it has its port, shards and checkpoint, and is left out.
+    todo = [(r, jobs[r.job_id]) for r in live if r.state != RankState.RUNNING and r.job_id in jobs
+            and jobs[r.job_id].state in ACTIVE and jobs[r.job_id].attempt == r.attempt]
+    ranks_by_job = ranks_of(s, {job.id: job for _, job in todo}.values())
+    reads_by_rank = _reads(s, [job for _, job in todo if job.parsed_spec.dataset])
+    ckpts_by_job = _checkpoints(s, sorted({job.id for _, job in todo}))
+    datasets: dict[str, Dataset | None] = {}
+    for r, job in todo:
+        ranks = ranks_by_job[job.id]
         rank0 = next((x for x in ranks if x.rank == 0), None)
-        reads = list(s.scalars(select(ShardAssignment).where(ShardAssignment.job_id == job.id,
-                                                            ShardAssignment.attempt == job.attempt,
-                                                            ShardAssignment.rank == r.rank)
-                               .order_by(ShardAssignment.shard)))
-        dataset = s.get(Dataset, job.parsed_spec.dataset) if job.parsed_spec.dataset else None
+        reads = reads_by_rank.get((job.id, r.rank), [])
+        name = job.parsed_spec.dataset
+        if name and name not in datasets:
+            datasets[name] = s.get(Dataset, name)
+        dataset = datasets[name] if name else None
         wanted = {a.shard for a in reads}
         shas = {sh.index: sh.sha256 for sh in s.scalars(select(Shard).where(
             Shard.dataset == dataset.name, Shard.index.in_(sorted(wanted))))} if dataset and wanted else {}
@@ -438,8 +505,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             for shard, node in s.execute(select(Replica.shard, Replica.node).where(
                     Replica.dataset == dataset.name, Replica.state == ReplicaState.HEALTHY, Replica.shard.in_(sorted(wanted)))):
                 holders.setdefault(shard, []).append(node)
-        ckpts = list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                               .order_by(Checkpoint.epoch.desc()).limit(MAX_RESUME)))
+        ckpts = ckpts_by_job.get(job.id, [])
         ckpt = ckpts[0] if ckpts else None
         spec = job.parsed_spec
         group_rank, group_world_size = _groups(ranks, node_name)

@@ -21,7 +21,7 @@ from scheduler.core import dependency as dep
 from scheduler.core.fairshare import accrue
 from scheduler.core.lifecycle import ACTIVE, RANK_FINAL, JobState, NodeState, RankState
 from scheduler.core.reasons import Reason, ReasonKind
-from scheduler.server.heartbeat import sync_job
+from scheduler.server.heartbeat import ranks_of, sync_job
 from scheduler.server.service import finish_job, record, requeue_job
 from scheduler.store.models import Job, Node, Rank, Usage
 from scheduler.store.snapshot_reader import JobShapes
@@ -50,8 +50,10 @@ def enforce_time_limits(s: Session, now: float, failure_grace_s: float = 0.0, sh
     how many jobs timed out.  ``shapes``: where the jobs' time limits are read (a fresh one: each spec)."""
     shapes = shapes if shapes is not None else JobShapes()
     n = 0
-    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE))):
-        sync_job(s, now, job, failure_grace_s)
+    active = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE))))
+    ranks = ranks_of(s, active)  # one query, not one per job
+    for job in active:
+        sync_job(s, now, job, failure_grace_s, ranks[job.id])
         if job.state not in ACTIVE:
             continue
         limit = int(shapes.of(job).time_limit_s)

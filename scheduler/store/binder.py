@@ -1,4 +1,4 @@
-"""Bind: a chosen job gets its ranks, its devices and its shard reads, in one transaction that first
+"""Bind: a chosen job gets its ranks, its devices and its shard reads, in a transaction that first
 checks again that all of it is still possible.
 
 The decision was made over a snapshot; heartbeats and other writes run between the cycle's phases, so
@@ -6,10 +6,16 @@ by the time a job is bound its devices may have been taken, its node may be down
 been cancelled.  ``try_bind`` re-checks each of these inside the transaction that writes the binding,
 so two cycles (or a stale decision) can never give a device twice, and says which one failed.
 ``busy_devices`` is the one reading of which devices ranks hold, shared with the snapshot.
+
+``bind_all`` binds a cycle's decision in transactions of up to ``BIND_BATCH`` jobs: one write lock and
+one commit per batch, the devices read once per batch (``Holdings``) and kept up to date as its jobs
+take them.  A 500-job burst bound one job per transaction, each waiting its turn for the write lock
+behind the heartbeats: most of its bind phase was that wait.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from scheduler.core.binding import plan_binding
+from scheduler.core.binding import BindPlan, plan_binding
 from scheduler.core.diskfloor import under_floor
 from scheduler.core.jobspec import stored
 from scheduler.core.lifecycle import RANK_FINAL, JobState, NodeState, RankState, TransferState
@@ -26,6 +32,9 @@ from scheduler.core.replicas import seen_spans
 from scheduler.store.db import Database
 from scheduler.store.effects import bind_job
 from scheduler.store.models import Dataset, Device, Job, Node, Rank, ShardAssignment, Transfer
+
+log = logging.getLogger("gsched.binder")
+BIND_BATCH = 64  # jobs bound in one transaction: bounds how long a batch holds the write lock
 
 
 def busy_devices(s: Session) -> dict[str, set[int]]:
@@ -36,8 +45,42 @@ def busy_devices(s: Session) -> dict[str, set[int]]:
     return busy
 
 
+@dataclass
+class Holdings:
+    """The devices as a binding re-checks them, read inside the binding's transaction: each node's
+    healthy device indexes (ascending), the indexes ranks hold, and which nodes are up (and not
+    drained).  ``take`` adds a new binding's devices, so the next job of the same transaction sees
+    them held without reading again."""
+
+    healthy: dict[str, list[int]]
+    busy: dict[str, set[int]]
+    up: set[str]
+    nodes: frozenset[str]
+    free_bytes: dict[str, int | None] = field(default_factory=dict)  # as each node's agent last reported
+
+    @classmethod
+    def read(cls, s: Session, nodes: Iterable[str]) -> Holdings:
+        names = sorted(set(nodes))
+        healthy: dict[str, list[int]] = defaultdict(list)
+        for node, index in s.execute(select(Device.node, Device.index).where(
+                Device.node.in_(names), Device.healthy.is_(True)).order_by(Device.node, Device.index)):
+            healthy[node].append(index)
+        up: set[str] = set()
+        free: dict[str, int | None] = {}
+        for name, state, drained_at, free_bytes in s.execute(select(Node.name, Node.state, Node.drained_at,
+                                                                    Node.free_bytes).where(Node.name.in_(names))):
+            free[name] = free_bytes
+            if state == NodeState.UP and drained_at is None:  # drained since the snapshot: not up here
+                up.add(name)
+        return cls(healthy, busy_devices(s), up, frozenset(names), free)
+
+    def take(self, plan: BindPlan) -> None:
+        for node, devices in plan.devices_by_node().items():
+            self.busy.setdefault(node, set()).update(devices)
+
+
 def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callable[[], float] | None = None,
-             disk_floor_bytes: int = 0) -> str | None:
+             holdings: Holdings | None = None, disk_floor_bytes: int = 0) -> str | None:
     """Bind one job to ``cand`` in the caller's transaction and return None; or write nothing and return
     why not, in words for the job's explanation:
 
@@ -51,7 +94,11 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     of its node, in rank order, and is stamped ``max(now, clock())`` taken after the check, so a binding never predates
     the release it relies on.  Its shard reads are stored, a transfer for each read that is not local,
     and a ``job.bind`` event, and the data set it reads notes how many nodes it spans
-    (``Dataset.job_spans``).
+    (``Dataset.job_spans``).  A node whose reported free disk fell under ``disk_floor_bytes`` since
+    the snapshot refuses the bind.
+
+    ``holdings``: the devices as read earlier in this same transaction (covering ``cand.nodes``), kept
+    up to date with the bindings made since (``bind_all``); read here when not given.
     """
     job = s.get(Job, job_id)
     if job is None:
@@ -62,20 +109,18 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
         return f"the job is held by {job.held_by} now"
     if not job.deps_met:
         return "the job waits for its dependencies"
-    healthy: dict[str, list[int]] = defaultdict(list)
-    for d in s.scalars(select(Device).where(Device.node.in_(cand.nodes), Device.healthy.is_(True)).order_by(Device.index)):
-        healthy[d.node].append(d.index)
-    up = {n.name for n in s.scalars(select(Node).where(Node.name.in_(cand.nodes), Node.state == NodeState.UP,
-                                                   Node.drained_at.is_(None)))}  # drained since the snapshot
-    for name, free in s.execute(select(Node.name, Node.free_bytes).where(Node.name.in_(cand.nodes)).order_by(Node.name)):
-        if under_floor(free, disk_floor_bytes):
+    if holdings is None or not holdings.nodes.issuperset(cand.nodes):
+        holdings = Holdings.read(s, cand.nodes)
+    for name in sorted(cand.nodes):
+        if under_floor(holdings.free_bytes.get(name), disk_floor_bytes):
             return f"node {name}'s free disk fell under the floor (disk_floor_gb) since the snapshot"
-    plan = plan_binding(cand, healthy, busy_devices(s), up)
+    plan = plan_binding(cand, holdings.healthy, holdings.busy, holdings.up)
     if isinstance(plan, str):
         return plan
     if clock is not None:
         now = max(now, clock())
     bind_job(s, now, job, cand)  # PENDING -> BOUND (lifecycle): attempt + 1, the job.bind event
+    holdings.take(plan)
     for slot in plan.ranks:
         s.add(Rank(job_id=job.id, attempt=job.attempt, rank=slot.rank, local_rank=slot.local_rank, node=slot.node,
                    devices=list(slot.devices), state=RankState.ASSIGNED, bound_at=now))
@@ -109,17 +154,45 @@ class Bound:
 
 def bind_all(db: Database, now: float, bindings: Mapping[int, Candidate], clock: Callable[[], float] | None = None,
              disk_floor_bytes: int = 0) -> Bound:
-    """``try_bind`` each of ``bindings`` in a transaction of its own, in their order."""
+    """``try_bind`` each of ``bindings``, in their order, in transactions of up to ``BIND_BATCH`` jobs.
+
+    A batch whose transaction fails (an error, not a refusal: a refusal writes nothing) is rolled
+    back whole and bound again one job per transaction, so one failing job never takes the others
+    with it; an error binding a job alone propagates, as it always did."""
     out = Bound()
-    for job_id, cand in bindings.items():
-        with db.session() as s:
-            why = try_bind(s, now, job_id, cand, clock, disk_floor_bytes)
-        if why is None:
-            out.jobs.append(job_id)
-            out.nodes.update(cand.nodes)
-        else:
-            out.refused[job_id] = why
+    items = list(bindings.items())
+    for at in range(0, len(items), BIND_BATCH):
+        batch = items[at:at + BIND_BATCH]
+        try:
+            got = _bind_batch(db, now, batch, clock, disk_floor_bytes)
+        except Exception as e:
+            if len(batch) == 1:
+                raise
+            log.warning("binding %d jobs in one transaction failed (%s): binding each alone", len(batch), e)
+            got = {}
+            for one in batch:
+                got.update(_bind_batch(db, now, [one], clock, disk_floor_bytes))
+        for job_id, cand in batch:
+            why = got[job_id]
+            if why is None:
+                out.jobs.append(job_id)
+                out.nodes.update(cand.nodes)
+            else:
+                out.refused[job_id] = why
     return out
+
+
+def _bind_batch(db: Database, now: float, batch: list[tuple[int, Candidate]],
+                clock: Callable[[], float] | None, disk_floor_bytes: int = 0) -> dict[int, str | None]:
+    """Bind ``batch`` in one transaction: its jobs read in one query (held, so ``try_bind``'s ``get``
+    finds them), the devices of all their nodes once."""
+    with db.session() as s:
+        ids = [job_id for job_id, _ in batch]
+        held = list(s.scalars(select(Job).where(Job.id.in_(ids))))
+        holdings = Holdings.read(s, {n for _, cand in batch for n in cand.nodes})
+        got = {job_id: try_bind(s, now, job_id, cand, clock, holdings, disk_floor_bytes) for job_id, cand in batch}
+        del held
+    return got
 
 
 def start_locality_waits(s: Session, now: float, job_ids: Iterable[int]) -> None:

@@ -75,7 +75,10 @@ def stop_ranks(s: Session, job: Job) -> None:
 
 
 def close_staging(s: Session, now: float, job: Job) -> None:
-    """Once every rank runs, the job's staged shards have arrived: count their bytes per node pair."""
+    """Once every rank runs, the job's staged shards have arrived: count their bytes per node pair.
+    A job without a data set stages nothing (its binding made no transfers), so nothing is read."""
+    if not job.parsed_spec.dataset:
+        return
     for t in s.scalars(select(Transfer).where(Transfer.job_id == job.id, Transfer.state == TransferState.JOB)):
         t.state, t.ended_at = TransferState.DONE, now
         node = s.get(Node, t.dst)

@@ -36,7 +36,8 @@ def try_lead(db: Database, me: str, now: float, ttl_s: float) -> bool:
 
 
 def holds(db: Database, me: str, now: float) -> bool:
-    with db.session() as s:
+    """Whether ``me`` holds the lease at ``now``: a read, which never waits for the write lock."""
+    with db.read() as s:
         lease = s.scalar(select(Lease).where(Lease.name == CYCLE))
         return lease is not None and lease.holder == me and lease.expires_at > now
 

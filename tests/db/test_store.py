@@ -23,7 +23,8 @@ from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.store.binder import bind
+from scheduler.store import binder
+from scheduler.store.binder import bind, bind_all
 from scheduler.store.db import Database
 from scheduler.store.leader import holds, try_lead
 from scheduler.store.models import Base, ClusterSample, Dataset, Job, Node, Rank, Replica, Shard
@@ -135,6 +136,49 @@ def test_bind_rechecks_devices_so_none_is_given_twice(db: Database) -> None:
     with db.session() as s:
         assert [r.devices for r in s.scalars(select(Rank))] == [[0]]
         assert s.get(Job, b).state == "PENDING"
+
+
+def test_jobs_bound_in_one_batch_see_each_others_devices_taken(db: Database) -> None:
+    """bind_all binds a decision in batches (one transaction each); within a batch a job sees the
+    devices the jobs before it took, so a stale decision naming the same device twice binds it once."""
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock, nodes=("n1",))
+    spec = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+    with db.session() as s:
+        a, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+        b, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+    both = {j: Candidate(j, ("n1",), 1, (), 0, 0) for j in (a, b)}  # both want n1's only device
+    out = bind_all(db, clock.now(), both)
+    assert out.jobs == [a] and out.nodes == {"n1"}
+    assert out.refused == {b: "devices on n1 became taken since the snapshot (0 free, 1 needed)"}
+    with db.read() as s:
+        assert [(r.job_id, r.devices) for r in s.scalars(select(Rank))] == [(a, [0])]
+        assert (s.get(Job, a).state, s.get(Job, b).state) == ("BOUND", "PENDING")
+
+
+def test_a_batch_that_fails_is_bound_again_one_job_at_a_time(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in one job's bind rolls its batch back; the batch is bound again job by job, so the
+    others are bound and the error reaches the caller only from the failing job alone."""
+    clock = FakeClock(100.0)
+    setup_cluster(db, clock, nodes=("n1", "n2"))
+    spec = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
+    with db.session() as s:
+        ok, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+        bad, _ = svc.submit_job(s, clock.now(), ALICE, spec, None)
+    real = binder.try_bind
+
+    def failing(s, now, job_id, cand, clock=None, holdings=None, disk_floor_bytes=0):  # type: ignore[no-untyped-def]
+        out = real(s, now, job_id, cand, clock, holdings, disk_floor_bytes)
+        if job_id == bad:
+            raise RuntimeError("the database went away")
+        return out
+
+    monkeypatch.setattr(binder, "try_bind", failing)
+    with pytest.raises(RuntimeError, match="went away"):
+        bind_all(db, clock.now(), {ok: Candidate(ok, ("n1",), 1, (), 0, 0), bad: Candidate(bad, ("n2",), 1, (), 0, 0)})
+    with db.read() as s:
+        assert (s.get(Job, ok).state, s.get(Job, bad).state) == ("BOUND", "PENDING")
+        assert [r.job_id for r in s.scalars(select(Rank))] == [ok]
 
 
 @pytest.mark.parametrize("change", ["devices taken", "node down"])

@@ -6,6 +6,7 @@ any interpreter this suite uses can start them (tests/integration/test_run_as.py
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def run_toml(name: str, command: str, *, ranks: int = 1, workdir: str = "", data
 def submit(c: LocalCluster, path: Path, text: str) -> int:
     path.write_text(text)
     return int(c.cli("submit", str(path)).stdout.split()[-1])
+
+
+def as_json(c: LocalCluster, *args: str) -> Any:
+    """``gsched ARGS --json``, parsed."""
+    return json.loads(c.cli(*args, "--json").stdout)
 
 
 def env_file(path: Path) -> dict[str, str]:
@@ -100,6 +106,21 @@ def test_a_plain_ddp_script_runs_on_two_ranks_with_torchruns_environment_and_loc
     assert [m["epoch"] for m in doc["metrics"]] == [1, 2]
     assert [ck["epoch"] for ck in doc["checkpoints"]] == [1, 2]
     assert all(len(ck["nodes"]) == 2 for ck in doc["checkpoints"])
+
+    # What the built-in shows, a [run] job shows too: `gsched show` (command, placement, ranks, shard map),
+    # `gsched explain` (where it went, its local fraction), and the device-seconds it used in fair share.
+    shown = " ".join(c.cli("show", str(job_id)).stdout.split())  # as words: the table wraps long lines
+    assert f"job {job_id} ddp COMPLETED user {doc['user']}" in shown
+    assert f"exec {sys.executable} {EXAMPLE} --epochs 2 (in {work})" in shown
+    assert "n1, n2; 100% of bytes read locally, 0 B to stage" in shown
+    assert all(f"{r} {ranks[r]['node']} 0 EXITED 0" in shown for r in (0, 1))
+    assert "shard map" in shown and "checkpoints epochs 1, 2; latest (epoch 2)" in shown
+    assert as_json(c, "show", str(job_id))["local_fraction"] == 1.0
+    assert "placed with 100% local reads" in c.cli("explain", str(job_id)).stdout
+    why = as_json(c, "explain", str(job_id))
+    assert (why["state"], why["local_fraction"], why["transfer_bytes"]) == ("COMPLETED", 1.0, 0)
+    usage = {r["user"]: r["raw_usage"] for r in as_json(c, "share") if r["user"]}
+    assert usage[doc["user"]] > 0, usage
 
 
 RANK_VARS = {"GSCHED_JOB_ID", "GSCHED_ATTEMPT", "GSCHED_DATASET", "GSCHED_SHARDS", "GSCHED_SHARD_LIST",

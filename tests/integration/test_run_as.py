@@ -1,7 +1,8 @@
 """Whose process a [run] job is: real Unix accounts (``useradd``; the suite runs as root), a real
 server and a root agent on loopback.
 
-alice's jobs run as account A (with a supplementary group), bob's as account B, carol has none.  The
+alice's jobs run as account A (with a supplementary group), bob's as account B (bob is made with
+``gsched user add bob --unix-user B``, the others through the API), carol has none.  The
 cluster lives in a directory every account may traverse (as a node's data dir would be).
 """
 
@@ -76,7 +77,11 @@ def world() -> Iterator[World]:
     c = LocalCluster(root / "cluster", [NodeSpec("n1", gpus=2)])
     try:
         c.start()
-        tokens = {"alice": c.add_user("alice", unix_user=names[0]), "bob": c.add_user("bob", unix_user=names[1]),
+        # bob is made as an admin makes a user: `gsched user add NAME --unix-user ACCOUNT` (the token on stdout)
+        added = c.cli("user", "add", "bob", "--unix-user", names[1])
+        listed = c.cli("user", "list").stdout
+        assert any(line.startswith("bob") and f"unix_user={names[1]}" in line for line in listed.splitlines()), listed
+        tokens = {"alice": c.add_user("alice", unix_user=names[0]), "bob": added.stdout.strip(),
                   "carol": c.add_user("carol")}
         yield World(c, root, pwd.getpwnam(names[0]), pwd.getpwnam(names[1]), grp.getgrnam(team).gr_gid, tokens)
     finally:

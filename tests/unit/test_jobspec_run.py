@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from scheduler.cli.jobfile import read_job_file
 from scheduler.core.jobspec import JobSpecError, stored, validate_spec
 from scheduler.protocol.rankspec import TrainKnobs
 
@@ -53,3 +56,17 @@ def test_bad_run_tables_name_the_field(doc: dict[str, object], words: list[str])
         validate_spec(doc)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+
+
+def test_there_are_example_job_files() -> None:
+    assert {p.name for p in EXAMPLES} >= {"job.toml", "ddp_job.toml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_job_file_is_a_valid_job(path: Path) -> None:
+    # Read as `gsched submit` reads it (scheduler/cli/jobfile.py), validated as the server validates it.
+    spec = validate_spec(read_job_file(str(path)))
+    assert spec.name and (spec.run is not None) != (spec.train is not None)
