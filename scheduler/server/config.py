@@ -191,3 +191,10 @@ def _check_tls(settings: Settings) -> None:
     for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key), ("peer_ca", settings.peer_ca)):
         if path and not Path(path).is_file():
             raise ConfigError(f"{what}: {path} is not a readable file")
+    if settings.peer_ca:  # loaded here, so that a bad one stops the start rather than the cycle process
+        import ssl
+
+        try:
+            ssl.create_default_context(cafile=settings.peer_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"peer_ca: {settings.peer_ca} holds no PEM CA certificate ({e})") from None
