@@ -158,3 +158,18 @@ def test_a_certificate_needs_its_key_and_must_load(tmp_path: Path, certs: Certs)
         Agent(["http://127.0.0.1:9"], "n4", "r1", "1", tmp_path / "n4", token="gsa_test", tls_cert=certs.cert)
     with pytest.raises(ValueError, match="cannot load the data server's TLS certificate"):
         DataServer("127.0.0.1", 0, tmp_path, "n5", lambda: KEY, lambda *a: None, tls=(certs.cert, certs.ca))
+
+
+def test_gsched_agent_says_what_is_wrong_with_its_tls_flags(tmp_path: Path, certs: Certs) -> None:
+    import subprocess
+    import sys
+
+    def agent_cli(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "scheduler.cli", "agent", "--node", "n6", "--gpus", "1",
+                               "--data-dir", str(tmp_path / "n6"), "--token", "gsa_test", *flags],
+                              capture_output=True, text=True, timeout=60)
+
+    out = agent_cli("--tls-cert", certs.cert)
+    assert out.returncode == 2 and "--tls-cert and --tls-key go together" in out.stderr, out.stderr
+    out = agent_cli("--tls-cert", certs.cert, "--tls-key", str(tmp_path / "missing.key"))
+    assert out.returncode == 2 and "missing.key" in out.stderr and "Traceback" not in out.stderr, out.stderr
