@@ -9,6 +9,7 @@ both agents use it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ import pytest
 from scheduler.cli.localcluster import free_port
 from scheduler.protocol.client import Client
 from scheduler.protocol.servererror import ServerError
-from tests.conftest import TINY_SOURCE
+from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
@@ -132,6 +133,34 @@ def test_uploads_and_copies_between_tls_agents_go_over_https(tls_server: tuple[s
             break
         assert time.monotonic() < deadline, f"the copies between the agents never finished: {ds}"
         time.sleep(0.5)
+
+
+def test_a_job_on_tls_agents_mirrors_its_checkpoint_and_is_fetched_over_https(
+        tls_server: tuple[str, Path, dict[str, str]], tmp_path: Path) -> None:
+    """The rank's checkpoints are mirrored to the other agent over HTTPS before they are reported, and
+    ``gsched fetch`` downloads the final one from an agent over HTTPS, verified with --ca."""
+    url, ca, env = tls_server
+    up_nodes(url, ca, env, {"n1", "n2"})
+    env = {**env, "GSCHED_CA": str(ca)}
+    out = gsched(env, "data", "make", "tiny2", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("tls", ranks=1, epochs=2, dataset="tiny2"))
+    out = gsched(env, "submit", str(spec))
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = int(out.stdout.split()[-1])
+    admin = Client(url, token=(Path(env["GSCHED_HOME"]) / "admin.token").read_text().strip(), ca=str(ca))
+    deadline = time.monotonic() + 300
+    while (doc := admin.get(f"/v1/jobs/{job_id}"))["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, doc
+        time.sleep(1)
+    assert doc["state"] == "COMPLETED", doc["reason"]
+    final = max(doc["checkpoints"], key=lambda ck: ck["epoch"])
+    assert set(final["nodes"]) == {"n1", "n2"}, final  # its own node and the mirror
+    out = gsched(env, "fetch", str(job_id), "--out", str(tmp_path / "saved"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    name = final["path"].rsplit("/", 1)[-1]
+    assert hashlib.sha256((tmp_path / "saved" / name).read_bytes()).hexdigest() == final["sha256"]
 
 
 def test_cli_verifies_the_server_with_ca(tls_server: tuple[str, Path, dict[str, str]]) -> None:
