@@ -76,6 +76,14 @@ def test_an_agent_with_a_certificate_reports_an_https_address_the_heartbeat_take
     assert peer_url("10.0.0.1:7000", "health") == "http://10.0.0.1:7000/health"  # no certificate: as before
 
 
+
+@pytest.mark.parametrize("address", ["http://10.0.0.1:7000", "https://", "ftp://10.0.0.1:7000",
+                                     "https://10.0.0.1:7000/x"])
+def test_the_heartbeat_takes_host_port_or_https_host_port_only(address: str) -> None:
+    with pytest.raises(ValueError, match="address"):
+        Heartbeat.model_validate({"node": "n1", "rack": "r1", "address": address, "incarnation": "x", "devices": []})
+
+
 def test_a_shard_is_staged_between_two_tls_agents(pair: tuple[Agent, Agent]) -> None:
     a, b = pair
     src = shard_path(a.data_dir, "ds", 0)
