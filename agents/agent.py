@@ -33,6 +33,7 @@ from agents.staging import ShardFlights, StagingError, fetch
 from agents.throttle import Throttle
 from scheduler.protocol.http import send
 from scheduler.protocol.messages import HeartbeatReply, TransferOrder
+from scheduler.protocol.peers import PEER_CA_HINT, advertised, peer_context, peer_url, untrusted
 from scheduler.protocol.servererror import ServerError
 from scheduler.protocol.servers import Servers
 from scheduler.protocol.states import RANK_FINAL, TransferState
@@ -54,8 +55,12 @@ class Agent:
                  threads_per_rank: int | None = None, scrub_interval_s: float = 60.0,
                  net_iface: str | None = None, ca: str | None = None, rendezvous_ports: str = DEFAULT_RANGE,
                  rendezvous_wait_s: float = 30.0, max_transfers: int = 4, max_transfer_mbps: float = 0.0,
-                 job_retention_s: float | None = None) -> None:
+                 job_retention_s: float | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         self.servers = Servers(servers, ca)  # with ca: verifies an HTTPS server against it
+        self.peer_tls = peer_context(ca)  # and HTTPS peers (scheduler/protocol/peers.py)
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError("--tls-cert and --tls-key go together: give both to serve data over HTTPS, or neither")
         self.node = node
         self.rack = rack
         self.data_dir = data_dir.resolve()
@@ -91,8 +96,9 @@ class Agent:
         self._last_progress_log = 0.0
         self._pids_lock = threading.Lock()
         self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard,
-                               on_nudge=self.report_soon, throttle=self.throttle)
-        self.address = f"{host}:{self.data.port}"
+                               on_nudge=self.report_soon, throttle=self.throttle,
+                               tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
+        self.address = advertised(host, self.data.port, self.data.tls)
         self.token = token or self._find_token()
 
     # ------------------------------------------------------------ credentials
@@ -174,14 +180,15 @@ class Agent:
             try:
                 checkpoint_path(self.data_dir, job_id, name)
                 with open(path, "rb") as f:
-                    send(f"http://{address}/checkpoints/{job_id}/{name}", "PUT", f,
+                    send(peer_url(address, f"checkpoints/{job_id}/{name}"), "PUT", f,
                          {**ticket_headers(self.peer_key, "ckpt", job_id, name),
                           "Content-Length": str(path.stat().st_size), "X-Gsched-Keep": str(max(0, int(keep))),
                           **({"X-Gsched-Sha256": sha256} if sha256 else {})},
-                         timeout_s=60)
+                         timeout_s=60, context=self.peer_tls)
                 return [node]
             except (ServerError, OSError, ValueError) as e:
-                log.warning("mirroring %s to %s failed: %s", name, node, e)
+                log.warning("mirroring %s to %s failed: %s%s", name, node, e,
+                            f" ({PEER_CA_HINT})" if untrusted(e) else "")
         return []
 
     # ------------------------------------------------------------ pids of rank process groups
@@ -307,7 +314,7 @@ class Agent:
                 status["bytes"] = done  # reported RUNNING with the bytes so far: `gsched data ls` shows them
 
             n = fetch(t.source_address, f"shards/{t.dataset}/{t.shard}", ("get", t.dataset, t.shard), path, t.sha256,
-                      self.peer_key or "", progress, throttle=self.throttle)
+                      self.peer_key or "", progress, throttle=self.throttle, context=self.peer_tls)
             self.note_shard(t.dataset, t.shard, path, t.sha256)
             status.update(state=TransferState.DONE, bytes=n)
             log.info("replica %s/%s copied from %s (%d bytes)", t.dataset, t.shard, t.source, n)
@@ -370,7 +377,8 @@ def main(args: Any) -> int:
                       ca=args.ca or os.environ.get("GSCHED_CA"), rendezvous_ports=args.rendezvous_ports,
                       rendezvous_wait_s=args.rendezvous_wait_s, max_transfers=args.max_transfers,
                       max_transfer_mbps=args.max_transfer_mbps,
-                      job_retention_s=getattr(args, "job_retention_s", None))
+                      job_retention_s=getattr(args, "job_retention_s", None),
+                      tls_cert=getattr(args, "tls_cert", None), tls_key=getattr(args, "tls_key", None))
     except (PortRangeError, ValueError) as e:
         print(f"gsched agent: {e}", file=sys.stderr)
         return 2

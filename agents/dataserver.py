@@ -19,6 +19,11 @@ Routes (all but /health need a ticket made with the cluster's peer key, which on
 * ``POST /nudge``: the server's cycle bound ranks here: heartbeat now instead of at the next tick;
   ticket ``("nudge", node, ts)``.  It carries nothing; the assignments come with the heartbeat reply.
 
+With a certificate and key (``gsched agent --tls-cert/--tls-key``) it serves HTTPS only: a plain-HTTP
+request gets no answer (its bytes fail the handshake) and the agent reports ``https://host:port``
+(scheduler/protocol/peers.py), so that peers connect with TLS and verify it with the cluster's CA.  The
+handshake runs in the request's own thread, within ``HANDSHAKE_TIMEOUT_S``, never in the accepting one.
+
 Names are validated and every path is resolved and checked to lie inside the data dir, so ``..``,
 absolute paths and symlinks cannot reach outside it.
 """
@@ -30,6 +35,8 @@ import json
 import logging
 import os
 import re
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +61,7 @@ log = logging.getLogger("gsched.agent.data")
 TICKET_TTL_S = 300  # a ticket is good for this long after it was made (it is checked when a request starts)
 TICKET_SKEW_S = 30  # and from this much before: clocks of two nodes may disagree a little, not by minutes
 CHUNK = 1 << 20
+HANDSHAKE_TIMEOUT_S = 30  # a peer that connects and never finishes its TLS handshake is closed after this
 _RANGE = re.compile(r"bytes=([0-9]{1,15})-")
 
 
@@ -75,7 +83,9 @@ def _number(text: str) -> bool:
 class DataServer:
     def __init__(self, host: str, port: int, data_dir: Path, node: str, peer_key: Callable[[], str | None],
                  on_shard: Callable[[str, int, Path, str], None], on_nudge: Callable[[], None] | None = None,
-                 throttle: Throttle = UNLIMITED) -> None:
+                 throttle: Throttle = UNLIMITED, tls: tuple[str, str] | None = None) -> None:
+        """``tls``: (certificate file, key file): serve HTTPS only.  Raises ``ValueError`` when they do not
+        load (the files, and what is wrong with them)."""
         self.data_dir = data_dir
         self.throttle = throttle
         self.on_nudge = on_nudge
@@ -86,7 +96,9 @@ class DataServer:
         self.scanned: dict[str, tuple[tuple[int, int, int], str]] = {}  # real path -> (ino, size, mtime), sha256
         self._scan_lock = threading.Lock()
         handler = _make_handler(self)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.tls = tls is not None
+        self.httpd = (_TLSServer((host, port), handler, _server_context(*tls)) if tls
+                      else ThreadingHTTPServer((host, port), handler))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="dataserver", daemon=True)
 
@@ -100,6 +112,42 @@ class DataServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _server_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"cannot load the data server's TLS certificate {cert} with key {key}: {e}") from None
+    return ctx
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """HTTPS only: each connection's handshake happens in its request thread (``finish_request``), so a
+    peer that stalls it holds up nobody else; one that fails it (plain HTTP, an untrusting client) is
+    closed with a line in the log."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 context: ssl.SSLContext) -> None:
+        super().__init__(address, handler)
+        self.context = context
+
+    def finish_request(self, request: socket.socket | tuple[bytes, socket.socket],  # type: ignore[override]
+                       client_address: tuple[str, int]) -> None:
+        assert isinstance(request, socket.socket)
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = self.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as e:
+            log.info("TLS handshake with %s failed: %s", client_address[0], e)
+            return
+        conn.settimeout(None)
+        try:
+            super().finish_request(conn, client_address)  # type: ignore[arg-type]
+        finally:
+            conn.close()
 
 
 def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:

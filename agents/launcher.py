@@ -360,7 +360,8 @@ class RankRunner(threading.Thread):
                     self.agent.show_progress(self.key, self.staged, self.staging_total, self.rate)
 
                 n = fetch(address, f"shards/{sh.dataset}/{sh.index}", ("get", sh.dataset, sh.index),
-                          path, sh.sha256, self.agent.peer_key or "", progress, throttle=self.agent.throttle)
+                          path, sh.sha256, self.agent.peer_key or "", progress, throttle=self.agent.throttle,
+                          context=self.agent.peer_tls)
                 self.agent.note_shard(sh.dataset, sh.index, path, sh.sha256)
                 done_before += n
                 last_error = None
@@ -384,7 +385,7 @@ class RankRunner(threading.Thread):
 
         def fetch_one(address: str, name: str, dest: Path, sha: str) -> None:
             fetch(address, f"checkpoints/{job_id}/{name}", ("ckpt", job_id, name), dest, sha,
-                  self.agent.peer_key or "")
+                  self.agent.peer_key or "", context=self.agent.peer_tls)
 
         choice = choose([resume, *self.a.resume_older], lambda name: checkpoint_path(self.agent.data_dir, job_id, name),
                         fetch_one, self.agent.node)

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import http.client
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from typing import BinaryIO
 
 from agents.throttle import UNLIMITED, Throttle
 from scheduler.protocol.http import open_url
+from scheduler.protocol.peers import PEER_CA_HINT, peer_url, untrusted
 from scheduler.protocol.servererror import ServerError
 from scheduler.protocol.tickets import ticket_headers
 
@@ -82,15 +84,17 @@ def _partial(dest: Path) -> Path:
 
 def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, sha256: str | None,
           peer_key: str, progress: Callable[[int, int, float], None] | None = None, timeout_s: float = 60,
-          throttle: Throttle = UNLIMITED) -> int:
-    """GET ``http://address/resource`` into ``dest`` atomically; returns the bytes of the file.
+          throttle: Throttle = UNLIMITED, context: ssl.SSLContext | None = None) -> int:
+    """GET ``resource`` from the data server at ``address`` (``peer_url``: an ``https://`` one verified
+    with ``context``, the cluster's CA) into ``dest`` atomically; returns the bytes of the file.
 
     A broken transfer resumes where it stopped: the bytes so far stay in ``dest.partial``, and the next
     connection asks for the rest (HTTP ``Range``); up to ``RESUME_TRIES`` connections, and a later fetch
     of the same ``dest`` (from any replica: the bytes are the same) resumes it too.  One fetch of a
     ``dest`` at a time on a node (a lock on the partial file).  ``throttle`` bounds this agent's copies
     in flight and its bandwidth.  ``progress(done, total, rate_bps)`` is called about every 0.5 s.
-    Raises ``StagingError`` when the peer refuses, every try breaks, or the bytes do not hash to
+    Raises ``StagingError`` when the peer refuses, its certificate does not verify (at once, naming the
+    CA to give), every try breaks, or the bytes do not hash to
     ``sha256``; ``dest`` is then untouched (a partial left by breaks is kept for a resume, one with
     the wrong bytes is removed).
     """
@@ -100,14 +104,14 @@ def fetch(address: str, resource: str, ticket_parts: tuple[object, ...], dest: P
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             return _fetch_locked(address, resource, ticket_parts, dest, part, f, sha256, peer_key, progress,
-                                 timeout_s, throttle)
+                                 timeout_s, throttle, context)
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fetch_locked(address: str, resource: str, ticket_parts: tuple[object, ...], dest: Path, part: Path,
                   f: BinaryIO, sha256: str | None, peer_key: str, progress: Callable[[int, int, float], None] | None,
-                  timeout_s: float, throttle: Throttle) -> int:
+                  timeout_s: float, throttle: Throttle, context: ssl.SSLContext | None) -> int:
     try:
         same = os.stat(part).st_ino == os.fstat(f.fileno()).st_ino
     except FileNotFoundError:
@@ -130,7 +134,8 @@ def _fetch_locked(address: str, resource: str, ticket_parts: tuple[object, ...],
         if done:
             headers["Range"] = f"bytes={done}-"
         try:
-            with open_url(f"http://{address}/{resource}", headers=headers, timeout_s=timeout_s) as resp:
+            with open_url(peer_url(address, resource), headers=headers, timeout_s=timeout_s,
+                          context=context) as resp:
                 length = int(resp.headers.get("Content-Length", "0"))
                 if done and resp.status != 206:  # the peer sent the whole file: start over
                     f.seek(0)
@@ -159,6 +164,9 @@ def _fetch_locked(address: str, resource: str, ticket_parts: tuple[object, ...],
                 continue
             raise StagingError(f"fetching {resource} from {address}: HTTP {e.status} {e.message}") from e
         except (OSError, http.client.HTTPException) as e:
+            if untrusted(e):  # no retry mends it
+                raise StagingError(f"fetching {resource} from {address}: {PEER_CA_HINT} "
+                                   f"({getattr(e, 'reason', e)})") from e
             error = StagingError(f"fetching {resource} from {address}: {e} (at {done} bytes; resuming)")
         f.flush()
     f.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import tempfile
 import time
@@ -15,6 +16,7 @@ from agents.shardfile import shard_path
 from scheduler.core.lifecycle import ReplicaState
 from scheduler.protocol.client import Client
 from scheduler.protocol.http import open_url, send
+from scheduler.protocol.peers import peer_context, peer_url, why
 from scheduler.protocol.servererror import ServerError
 
 
@@ -45,11 +47,12 @@ def make_dataset(c: Client, args: argparse.Namespace) -> int:
             print(f"warning: {plan['warning']}", file=sys.stderr)
         shas = {sh["index"]: sh["sha256"] for sh in manifest["shards"]}
         total = len(plan["uploads"])
+        tls = peer_context(c.servers.ca)  # agents serving HTTPS are verified with the CLI's --ca
         t0 = time.monotonic()
         moved = 0
         for i, up in enumerate(plan["uploads"]):
             path = shard_path(tmp, args.name, up["shard"])
-            moved += _upload(up, args.name, path, shas[up["shard"]])
+            moved += _upload(up, args.name, path, shas[up["shard"]], tls)
             rate = moved / max(time.monotonic() - t0, 1e-6)
             _bar("uploading replicas", i + 1, total, extra=f" copies, {rate / 1e6:.1f} MB/s")
     return _await_healthy(c, args.name)
@@ -77,7 +80,7 @@ class AddRefused(Exception):
     """``gsched data add`` cannot go on; the message names the node and the file."""
 
 
-def _scan(scan: dict[str, Any], name: str, path: str, glob: str) -> list[dict[str, Any]]:
+def _scan(scan: dict[str, Any], name: str, path: str, glob: str, tls: ssl.SSLContext) -> list[dict[str, Any]]:
     """Ask one node's agent to hash the files under ``path`` (streaming sha256, a progress bar per node);
     returns what it found.  Raises AddRefused with the agent's words."""
     body = json.dumps({"path": path, "glob": glob}).encode()
@@ -85,7 +88,8 @@ def _scan(scan: dict[str, Any], name: str, path: str, glob: str) -> list[dict[st
                "Content-Type": "application/json", "Content-Length": str(len(body))}
     node = scan["node"]
     try:
-        with open_url(f"http://{scan['address']}/scan/{name}", "POST", body, headers, timeout_s=600) as resp:
+        with open_url(peer_url(scan["address"], f"scan/{name}"), "POST", body, headers, timeout_s=600,
+                      context=tls) as resp:
             while raw := resp.readline():
                 msg = json.loads(raw)
                 if "error" in msg:
@@ -96,7 +100,7 @@ def _scan(scan: dict[str, Any], name: str, path: str, glob: str) -> list[dict[st
     except ServerError as e:
         raise AddRefused(e.message.strip()) from None
     except OSError as e:
-        raise AddRefused(f"node {node} ({scan['address']}) did not answer: {e}") from None
+        raise AddRefused(f"node {node} ({scan['address']}) did not answer: {why(e)}") from None
     raise AddRefused(f"node {node} stopped answering while it hashed the files")
 
 
@@ -111,9 +115,10 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
         return 2
     plan = c.post(f"/v1/datasets/{args.name}/scan", {"nodes": nodes})
     found: dict[str, list[dict[str, Any]]] = {}
+    tls = peer_context(c.servers.ca)  # agents serving HTTPS are verified with the CLI's --ca
     try:
         for scan, path in zip(plan["scans"], paths, strict=True):
-            found[scan["node"]] = _scan(scan, args.name, path, args.glob)
+            found[scan["node"]] = _scan(scan, args.name, path, args.glob, tls)
     except AddRefused as e:
         print(f"gsched data add: {e} (nothing was registered)", file=sys.stderr)
         return 2
@@ -144,13 +149,13 @@ def add_dataset(c: Client, args: argparse.Namespace) -> int:
     for link in reply["links"]:
         payload = json.dumps({"path": link["path"]}).encode()
         try:
-            send(f"http://{link['address']}/link/{args.name}/{link['shard']}?sha256={link['sha256']}", "POST",
+            send(peer_url(link["address"], f"link/{args.name}/{link['shard']}?sha256={link['sha256']}"), "POST",
                  payload, {"X-Gsched-Ticket": link["ticket"], "Content-Type": "application/json",
-                           "Content-Length": str(len(payload))}, timeout_s=600)
+                           "Content-Length": str(len(payload))}, timeout_s=600, context=tls)
         except ServerError as e:
             errors.append(e.message.strip())
         except OSError as e:
-            errors.append(f"node {link['node']} ({link['address']}) did not answer: {e}")
+            errors.append(f"node {link['node']} ({link['address']}) did not answer: {why(e)}")
         else:
             linked.append({"shard": link["shard"], "node": link["node"]})
             continue
@@ -180,19 +185,19 @@ def _roll_back(c: Client, name: str, linked: list[dict[str, Any]], failed: list[
     return True
 
 
-def _upload(up: dict[str, Any], name: str, path: Path, sha: str) -> int:
+def _upload(up: dict[str, Any], name: str, path: Path, sha: str, tls: ssl.SSLContext) -> int:
     """PUT one copy of a shard to the agent the server chose, with the server's ticket for it; raises
     ``ServerError`` (the agent's status, or 0 when it did not answer) naming the shard and the node."""
     size = path.stat().st_size
-    url = f"http://{up['address']}/shards/{name}/{up['shard']}?sha256={sha}"
+    url = peer_url(up["address"], f"shards/{name}/{up['shard']}?sha256={sha}")
     with open(path, "rb") as f:
         try:
             send(url, "PUT", f, {"X-Gsched-Ticket": up["ticket"], "Content-Length": str(size),
-                                 "Content-Type": "application/octet-stream"}, timeout_s=120)
+                                 "Content-Type": "application/octet-stream"}, timeout_s=120, context=tls)
         except ServerError as e:
             raise ServerError(e.status, f"upload of shard {up['shard']} to {up['node']} refused: {e.message}") from None
         except OSError as e:
-            raise ServerError(0, f"upload of shard {up['shard']} to {up['node']} ({up['address']}) failed: {e}") from None
+            raise ServerError(0, f"upload of shard {up['shard']} to {up['node']} ({up['address']}) failed: {why(e)}") from None
     return size
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from scheduler.cli import exitcodes
 from scheduler.protocol.client import Client
 from scheduler.protocol.http import ServerError, open_url
+from scheduler.protocol.peers import peer_context, peer_url, why
 
 CHUNK = 1 << 20
 
@@ -43,11 +45,15 @@ def fetch_job(c: Client, job_id: int, out: Path) -> int:
         print(f"checkpoint {ck['name']}: no SHA-256 recorded, so it cannot be verified; not fetched", file=sys.stderr)
         return exitcodes.JOB_FAILED
     problems = []
+    tls = peer_context(c.servers.ca)  # agents serving HTTPS are verified with the CLI's --ca
     for src in ck["sources"]:
         try:
-            path = download(src, job_id, ck["name"], ck["sha256"], out)
-        except (ServerError, OSError, ValueError) as e:
+            path = download(src, job_id, ck["name"], ck["sha256"], out, tls)
+        except (ServerError, ValueError) as e:
             problems.append(f"{src['node']}: {e}")
+            continue
+        except OSError as e:
+            problems.append(f"{src['node']}: {why(e)}")
             continue
         print(f"checkpoint epoch {ck['epoch']} ({ck['bytes']} bytes, sha256 {ck['sha256'][:12]}...) from "
               f"{src['node']} -> {path}")
@@ -79,7 +85,8 @@ def save_logs(c: Client, job_id: int, out: Path) -> set[int]:
             f.close()
 
 
-def download(src: dict[str, Any], job_id: int, name: str, sha256: str, out: Path) -> Path:
+def download(src: dict[str, Any], job_id: int, name: str, sha256: str, out: Path,
+             tls: ssl.SSLContext | None = None) -> Path:
     """Stream the checkpoint from one node's data server into ``out/name``, through a temporary file
     that is renamed into place only if its bytes hash to ``sha256``."""
     if "/" in name or name.startswith("."):
@@ -88,8 +95,8 @@ def download(src: dict[str, Any], job_id: int, name: str, sha256: str, out: Path
     headers = {"X-Gsched-Ticket": src["ticket"], "X-Gsched-Time": str(src["time"])}
     h = hashlib.sha256()
     try:
-        with open_url(f"http://{src['address']}/checkpoints/{job_id}/{name}", headers=headers, timeout_s=60,
-                      direct=True) as resp, open(part, "wb") as f:
+        with open_url(peer_url(src["address"], f"checkpoints/{job_id}/{name}"), headers=headers, timeout_s=60,
+                      context=tls, direct=True) as resp, open(part, "wb") as f:
             while block := resp.read(CHUNK):
                 h.update(block)
                 f.write(block)

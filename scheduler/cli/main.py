@@ -158,6 +158,10 @@ def _agent(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--max-transfer-mbps", type=float, default=0.0,
                    help="megabits a second this agent's copies receive and its data server sends, in all "
                         "(default 0: no limit)")
+    p.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="PEM certificate (chain) signed by the cluster's CA: the data server serves HTTPS only "
+                        "(with --tls-key); peers verify it with --ca")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
     p.add_argument("--job-retention", default="7d", metavar="DURATION",
                    help="keep a finished job's directory on this node (final checkpoint, metrics, logs) this long "
                         "after the job ended, then remove it; gsched fetch JOB saves them first (default 7d; "

@@ -31,7 +31,8 @@ from scheduler.protocol.states import REPORTED_RANK, REPORTED_TRANSFER, RankStat
 NODE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 SHA = r"^[0-9a-f]{64}$"
-ADDRESS = r"^[A-Za-z0-9_.:\[\]-]{1,255}$"  # host:port, the data server peers connect to
+# the data server peers connect to: host:port (plain HTTP) or https://host:port (scheduler/protocol/peers.py)
+ADDRESS = r"^(https://)?[A-Za-z0-9_.:\[\]-]{1,247}$"
 MAX_ID = 2**53  # ids, attempts, offsets: exact in JSON, and far inside SQL's 64-bit integers
 MAX_BYTES = 2**60
 MAX_LINE_CHARS = 16384

@@ -65,6 +65,7 @@ class Settings:
     home: Path = field(default_factory=gsched_home)
     tls_cert: str = ""  # PEM certificate chain; with tls_key, the API is served over HTTPS
     tls_key: str = ""
+    peer_ca: str = ""  # the CA that signed the agents' data-server certificates: verifies them for nudges
     header_timeout_s: float = 10.0  # a connection whose request headers take longer is closed
     max_connections: int = 2048  # connections open at once; a new one beyond is closed at once
     max_connections_per_client: int = 256  # the same, from one client address
@@ -105,6 +106,7 @@ _ENV = {  # variable -> (key, or "policy.key")
     "GSCHED_HEARTBEAT_S": "heartbeat_s",
     "GSCHED_TLS_CERT": "tls_cert",
     "GSCHED_TLS_KEY": "tls_key",
+    "GSCHED_PEER_CA": "peer_ca",
     "GSCHED_LEASE_TTL_S": "lease_ttl_s",
     "GSCHED_HEADER_TIMEOUT_S": "header_timeout_s",
     "GSCHED_MAX_CONNECTIONS": "max_connections",
@@ -186,6 +188,13 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
 def _check_tls(settings: Settings) -> None:
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("HTTPS needs both tls_cert and tls_key (--tls-cert FILE --tls-key FILE)")
-    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
+    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key), ("peer_ca", settings.peer_ca)):
         if path and not Path(path).is_file():
             raise ConfigError(f"{what}: {path} is not a readable file")
+    if settings.peer_ca:  # loaded here, so that a bad one stops the start rather than the cycle process
+        import ssl
+
+        try:
+            ssl.create_default_context(cafile=settings.peer_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"peer_ca: {settings.peer_ca} holds no PEM CA certificate ({e})") from None

@@ -80,6 +80,7 @@ class ConfigFile(_Table):
     replication_concurrency: int | None = Field(None, ge=1, le=1000)
     tls_cert: str | None = None
     tls_key: str | None = None
+    peer_ca: str | None = None
     header_timeout_s: PositiveSeconds | None = None
     max_connections: int | None = Field(None, ge=1)
     max_connections_per_client: int | None = Field(None, ge=1)

@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from scheduler.core.clock import Clock
+from scheduler.protocol.peers import peer_context
 from scheduler.server.cycle import run_cycle
 from scheduler.server.cyclestate import CycleMemory
 from scheduler.server.nudge import nudge_nodes
@@ -88,6 +89,7 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
     ``CycleMemory`` its cycles share (the caches of the snapshot and the report)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s cycle[%(name)s] %(message)s")
     db = Database(settings.db_url)
+    peer_tls = peer_context(settings.peer_ca or None)  # nudges to agents serving HTTPS
     clock = Clock()
     memory = CycleMemory()
     leading = False
@@ -107,7 +109,7 @@ def _serve(conn: Any, settings: Any, server_id: str, parent_pid: int) -> None:
                 leading = now_leading
                 if leading:
                     run_cycle(db, settings, now, leader=server_id, fence=lambda: holds(db, server_id, clock.now()),
-                              clock=clock.now, nudge=lambda nodes: nudge_nodes(db, nodes), memory=memory)
+                              clock=clock.now, nudge=lambda nodes: nudge_nodes(db, nodes, peer_tls), memory=memory)
             except Exception:
                 log.exception("cycle failed")
             conn.send(leading)

@@ -52,6 +52,7 @@ from scheduler.protocol.messages import (
     ShardSource,
     TransferOrder,
 )
+from scheduler.protocol.peers import peer_host
 from scheduler.server.auth import Identity
 from scheduler.server.retention import ended_jobs
 from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
@@ -515,7 +516,7 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
             job_id=job.id, attempt=job.attempt, rank=r.rank, local_rank=r.local_rank,
             world_size=len(ranks), local_world_size=sum(1 for x in ranks if x.node == node_name),
             devices=r.devices,
-            master_addr=book.address(rank0.node).rsplit(":", 1)[0] if rank0 else "",
+            master_addr=peer_host(book.address(rank0.node)) if rank0 else "",
             master_port=job.master_port,
             train=spec.knobs.model_dump(mode="json"),  # every knob, defaults filled
             run=spec.run.model_dump(mode="json") if spec.run is not None else None,

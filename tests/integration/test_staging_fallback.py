@@ -40,6 +40,7 @@ class StandInAgent:
         self.reports = 0
         self.flights = ShardFlights()  # the agent's own
         self.throttle = Throttle()  # the agent's own, with its defaults
+        self.peer_tls = None  # the agent's TLS context for HTTPS peers: these peers are plain HTTP
 
     def report_soon(self) -> None:
         self.reports += 1

@@ -94,3 +94,13 @@ def test_the_policy_table_has_every_policy_knob() -> None:
 def test_a_good_file_keeps_what_it_does_not_set(tmp_path: Path) -> None:
     got = load_settings(write(tmp_path, 'host = "0.0.0.0"\n[users]\nalice = 2'))
     assert (got.host, got.port, got.users, got.policy) == ("0.0.0.0", 8470, {"alice": 2.0}, PolicyConfig())
+
+
+def test_peer_ca_must_be_a_pem_ca_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("no certificate here")
+    with pytest.raises(ConfigError, match="peer_ca: .*ca.pem holds no PEM CA certificate"):
+        load_settings(str(write(tmp_path, f'peer_ca = "{ca}"')))
+    monkeypatch.setenv("GSCHED_PEER_CA", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="peer_ca: .*missing.pem is not a readable file"):
+        load_settings(None)
