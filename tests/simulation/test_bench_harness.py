@@ -49,6 +49,6 @@ def test_quick_burst_runs_true_and_sleep_jobs_through_the_real_server_and_agents
     assert main(["--quick", "--only", "burst"]) == 0
     printed = capsys.readouterr().out
     figures = [line for line in printed.splitlines() if line.startswith("[burst]") and "; target " in line]
-    assert len(figures) == 2, printed
-    assert "all finished" in figures[0] and "JCT/ideal" in figures[1]
+    assert len(figures) == 3, printed
+    assert "all finished" in figures[0] and "from bound to ended" in figures[1] and "JCT/ideal" in figures[2]
     assert "did not complete" not in printed  # every job of both parts ended COMPLETED
