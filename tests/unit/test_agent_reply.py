@@ -17,8 +17,9 @@ from agents.launcher import RankRunner
 from scheduler.protocol.messages import Assignment
 
 
-def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_forgotten(tmp_path: Path) -> None:
-    agent = Agent(["http://127.0.0.1:9"], "n1", "r1", "1", tmp_path / "node", token="gsa_stand_in")
+def _stand_in_server(agent: Agent) -> list[dict[str, Any]]:
+    """Answer the agent's heartbeats as ``process_heartbeat`` does with nothing to tell it; returns the
+    list the bodies it sent are appended to."""
     sent: list[dict[str, Any]] = []
 
     def server(path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
@@ -26,6 +27,12 @@ def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_for
         return {"assignments": [], "kill": [], "transfers": [], "delete": [], "peer_key": "k" * 64}
 
     agent._post = server  # type: ignore[method-assign]
+    return sent
+
+
+def test_an_exited_rank_with_unsent_log_text_is_reported_exited_before_it_is_forgotten(tmp_path: Path) -> None:
+    agent = Agent(["http://127.0.0.1:9"], "n1", "r1", "1", tmp_path / "node", token="gsa_stand_in")
+    sent = _stand_in_server(agent)
     runner = RankRunner(agent, Assignment(job_id=4, attempt=1, rank=0, local_rank=0, world_size=1, local_world_size=1,
                                           devices=[0], shards=[]))
     agent.ranks[runner.key] = runner
@@ -49,13 +56,7 @@ def test_a_shard_noted_while_a_heartbeat_scans_is_reported_by_the_next_heartbeat
     # A copy lands (the data server's thread calls note_shard) while a full heartbeat is scanning the data
     # dir: the scan missed it, and the next heartbeat (which note_shard woke) must be a full one again.
     agent = Agent(["http://127.0.0.1:9"], "n1", "r1", "1", tmp_path / "node", token="gsa_stand_in")
-    sent: list[dict[str, Any]] = []
-
-    def server(path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
-        sent.append(body)
-        return {"assignments": [], "kill": [], "transfers": [], "delete": [], "peer_key": "k" * 64}
-
-    agent._post = server  # type: ignore[method-assign]
+    sent = _stand_in_server(agent)
     agent.heartbeat()  # the first report is full (nothing there yet)
     shard = tmp_path / "node" / "d" / "00000.shard"
     scan = agent.inventory.scan
