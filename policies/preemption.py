@@ -89,7 +89,8 @@ def lost_work_s(r: RunningView, now_s: float) -> float:
     return max(0.0, now_s - since)
 
 
-def _devices(r: RunningView) -> int:
+def devices(r: RunningView) -> int:
+    """The devices ``r`` holds, over all its nodes."""
     return sum(d for _, d in r.devices_by_node)
 
 
@@ -112,7 +113,7 @@ def held_devices(snap: Snapshot) -> dict[str, int]:
     held: dict[str, int] = defaultdict(int)
     for r in snap.running:
         if not r.stopping:
-            held[r.user] += _devices(r)
+            held[r.user] += devices(r)
     return held
 
 
@@ -127,7 +128,7 @@ def _fair(mine: float, victims: list[RunningView], held: Mapping[str, int], shar
     preemptor's user would hold for their share) for theirs, or held more than ``mine`` before."""
     taken_from: dict[str, int] = defaultdict(int)
     for r in victims:
-        taken_from[r.user] += _devices(r)
+        taken_from[r.user] += devices(r)
     return all(mine <= _held_share(held[u] - d, shares.get(u, 0.0)) or mine < _held_share(held[u], shares.get(u, 0.0))
                for u, d in taken_from.items())
 
@@ -188,10 +189,10 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         free = trial
         held[job.user] += job.devices
         for r in chosen:
-            held[r.user] -= _devices(r)
+            held[r.user] -= devices(r)
         taken = {r.id for r in chosen}
         pool = [r for r in pool if r.id not in taken]
-        lost = sum(lost_work_s(r, snap.now_s) * _devices(r) for r in chosen)
+        lost = sum(lost_work_s(r, snap.now_s) * devices(r) for r in chosen)
         who = ", ".join(f"job {r.id} ({r.user}, loses {lost_work_s(r, snap.now_s):.0f} s)" for r in chosen)
         out.append(Preemption(job.id, tuple(r.id for r in chosen), lost,
                               f"{job.user} is under their share (factor {factors.get(job.user, 1.0):.2f}) and "

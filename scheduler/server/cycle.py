@@ -77,7 +77,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
         phase("usage", lambda: update_usage(s, now, settings.policy.usage_half_life_s))
         report.counts["dependencies"] = phase("dependencies", lambda: settle_dependencies(s, now))
     with db.read() as s:  # 4
-        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes, settings.disk_floor_bytes))
+        snap = phase("snapshot", lambda: build_snapshot(s, now, memory.shapes, settings.disk_floor_bytes,
+                                                        preemption=settings.policy.preempt))
     arbiter = get_arbiter(settings.policy.arbiter)  # 5
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy, arbiter))
     report.counts["pending"] = len(snap.pending)

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from policies.preemption import Preemption, lost_work_s
+from policies.preemption import Preemption, devices, lost_work_s
 from scheduler.core.lifecycle import ACTIVE, PREEMPTING_EVENT, JobState
 from scheduler.core.snapshot import Snapshot
 from scheduler.store.effects import move, record
@@ -42,12 +42,12 @@ def act_on_preemptions(s: Session, snap: Snapshot, plans: list[Preemption]) -> d
             if job is None or r is None or job.state not in ACTIVE:
                 continue
             lost = lost_work_s(r, now)
-            devices = sum(d for _, d in r.devices_by_node)
+            held = devices(r)
             since = "its last checkpoint" if r.checkpoint_s is not None else "it started"
             move(s, now, job, JobState.PENDING,
-                 f"for job {p.job}: loses {lost:.0f} s of work on {devices} device(s) since {since}",
+                 f"for job {p.job}: loses {lost:.0f} s of work on {held} device(s) since {since}",
                  max_restarts=job.restarts, preempted_for=p.job)
-            taken.append({"job": victim_id, "user": r.user, "devices": devices, "lost_s": round(lost, 1)})
+            taken.append({"job": victim_id, "user": r.user, "devices": held, "lost_s": round(lost, 1)})
         if not taken:
             continue
         lost_ds = sum(float(v["lost_s"]) * int(v["devices"]) for v in taken)

@@ -136,14 +136,18 @@ def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[
     return ckpt, preempted
 
 
-def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk_floor_bytes: int = 0) -> Snapshot:
+def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk_floor_bytes: int = 0,
+                   preemption: bool = True) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
     copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
     jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
     ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec).  Drained nodes are left out
     (no new ranks; their copies are not read).  A node whose reported free disk is under
     ``disk_floor_bytes`` (``scheduler.core.diskfloor``) is in with no devices: it takes no new ranks,
-    and its copies are still read by ranks elsewhere (staging writes only on the rank's node)."""
+    and its copies are still read by ranks elsewhere (staging writes only on the rank's node).
+    ``preemption``: read what only ``policies.preemption`` uses (running jobs' newest checkpoints and
+    recent preemptions, pending jobs' ``preempting``); the cycle asks for it only with ``[policy]
+    preempt`` on, and without it those fields keep their defaults."""
     shapes = shapes if shapes is not None else JobShapes()
     busy = busy_devices(s)
     healthy: dict[str, int] = defaultdict(int)
@@ -192,7 +196,8 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
     shape_of = shapes.read(s, [(r[0], r[1], r[4]) for r in pending_rows] + [(r[0], r[1], r[3]) for r in running_rows])
     # pending jobs that others were preempted for since they became pending (scheduler.server.preempt)
     preempting = set(s.scalars(select(Event.job_id).join(Job, Job.id == Event.job_id).where(
-        Event.kind == PREEMPTING_EVENT, Job.state == JobState.PENDING, Event.time >= Job.pending_since)))
+        Event.kind == PREEMPTING_EVENT, Job.state == JobState.PENDING, Event.time >= Job.pending_since))
+    ) if preemption else set()
     pending = []
     for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
         shape = shape_of[job_id]
@@ -201,7 +206,7 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
                                time_limit_s=shape.time_limit_s, prefer_nodes=ckpt_nodes.get(job_id, ()),
                                waiting_since_s=waiting_since, preempting=job_id in preempting))
     running = []
-    ckpt_s, preempted = _preemption_facts(s, now, [r[0] for r in running_rows])
+    ckpt_s, preempted = _preemption_facts(s, now, [r[0] for r in running_rows]) if preemption else ({}, {})
     for job_id, _submitted, started_at, _rev, state in running_rows:
         start = started_at or now
         attempt_start = last_start.get(job_id, start)
