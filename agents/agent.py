@@ -23,6 +23,7 @@ from typing import Any
 
 from agents.dataserver import DataServer, checkpoint_path
 from agents.devices import Devices
+from agents.fence import Fence
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
@@ -95,6 +96,7 @@ class Agent:
         self._last_scrub = time.monotonic()
         self._last_progress_log = 0.0
         self._pids_lock = threading.Lock()
+        self.fence = Fence(self.data_dir / ".gsched", self._pids_file())  # agents/fence.py
         self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard,
                                on_nudge=self.report_soon, throttle=self.throttle,
                                tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
@@ -270,6 +272,8 @@ class Agent:
             self.peers = {p.name: p.address for p in reply.peers}
         if reply.heartbeat_s is not None:
             self.heartbeat_s = reply.heartbeat_s
+        if reply.ttl_s is not None:
+            self.fence.arm(reply.ttl_s)
         wanted = set()
         for a in reply.assignments:
             wanted.add(a.key)
@@ -324,6 +328,7 @@ class Agent:
         self._wake.set()
 
     def run(self) -> None:
+        self.fence.claim()  # before anything else: a watchdog its predecessor left sees another pid and exits
         self.kill_leftovers()
         self.data.start()
         self.inventory.scan()
@@ -363,6 +368,7 @@ class Agent:
                     r.proc.wait(max(0.1, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001
                     pass
+        self.fence.close()
         self.data.stop()
 
 

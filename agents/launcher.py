@@ -27,6 +27,7 @@ from typing import Any
 from agents.ckptverify import choose
 from agents.ckptwatch import CheckpointWatch, copy_checkpoint
 from agents.dataserver import checkpoint_dir, checkpoint_path
+from agents.fence import FENCED
 from agents.rankenv import RankFacts, rank_env
 from agents.rankfail import RENDEZVOUS, rendezvous_failure
 from agents.runas import Account, AccountError, agent_account, own, resolve, share
@@ -469,7 +470,11 @@ class RankRunner(threading.Thread):
         self.agent.forget_pid(self.proc.pid)
         if self._killed.is_set():
             _signal_group(self.proc, signal.SIGKILL)  # loader workers left behind, if any
-        if code != 0 and not self._killed.is_set():
+        if code != 0 and not self._killed.is_set() and self.agent.fence.fenced(self.proc.pid, code):
+            self.error = (f"stopped by node {self.agent.node}'s fence: its agent was silent for over "
+                          f"{self.agent.fence.after_s:g} s")
+            self.failure = FENCED
+        elif code != 0 and not self._killed.is_set():
             sign = rendezvous_failure(self.log_tail(16384))
             if sign:
                 self.error, self.failure = f"rendezvous failed on port {port}: {sign}", RENDEZVOUS

@@ -76,8 +76,9 @@ class RankIn(_In):
     master_port: int | None = Field(None, ge=1024, le=65535)
     error: str = Field("", max_length=4096)
     # "rendezvous": the rank ended on an infrastructure failure (no port, port taken, peers never
-    # joined): the job is requeued rather than failed (agents/rankfail.py).
-    failure: Literal["", "rendezvous"] = ""
+    # joined); "fenced": the node's fence stopped it while its agent was silent (agents/fence.py).
+    # Either way the job is requeued rather than failed (agents/rankfail.py).
+    failure: Literal["", "rendezvous", "fenced"] = ""
 
     @field_validator("state")
     @classmethod
@@ -306,7 +307,8 @@ class Ended(_Out):
 class HeartbeatReply(_Out):
     """The answer to one heartbeat.  Every list is complete for this heartbeat (applying the same reply
     twice is harmless).  ``peers`` is None (left out on the wire) when the node runs no ranks: the
-    agent then keeps the peers it has.  ``heartbeat_s`` is the server's interval, set by the route.
+    agent then keeps the peers it has.  ``heartbeat_s`` is the server's interval and ``ttl_s`` how long
+    it waits for a heartbeat before it declares the node down (the agent's fence, agents/fence.py), both set by the route.
     ``ended``: for a heartbeat that sent ``job_dirs``, those of its jobs that have ended (None: not asked)."""
 
     assignments: list[Assignment] = Field(default_factory=list)
@@ -316,8 +318,9 @@ class HeartbeatReply(_Out):
     peer_key: str = ""
     peers: list[Peer] | None = None
     heartbeat_s: float | None = None
+    ttl_s: float | None = None
     ended: list[Ended] | None = None
 
     def wire(self) -> dict[str, Any]:
-        """The JSON body: every field, but ``peers``, ``heartbeat_s`` and ``ended`` only when they are set."""
-        return self.model_dump(exclude={k for k in ("peers", "heartbeat_s", "ended") if getattr(self, k) is None})
+        """The JSON body: every field, but ``peers``, ``heartbeat_s``, ``ttl_s`` and ``ended`` only when they are set."""
+        return self.model_dump(exclude={k for k in ("peers", "heartbeat_s", "ttl_s", "ended") if getattr(self, k) is None})

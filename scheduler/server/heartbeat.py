@@ -254,10 +254,10 @@ def _ranks(s: Session, now: float, hb: Heartbeat, restarted: bool, touched: set[
             job.progress = {**(job.progress or {}), "error": rr.error}
             if rr.state == RankState.EXITED and rr.exit_code not in (0, None):
                 row.log_tail = (row.log_tail + "\n" + rr.error)[-8192:]
-        if (rr.state == RankState.EXITED and rr.failure == "rendezvous" and job.state in ACTIVE
+        if (rr.state == RankState.EXITED and rr.failure in ("rendezvous", "fenced") and job.state in ACTIVE
                 and job.attempt == row.attempt):
             # Not the job's fault: back to the queue (max_restarts bounds it), its retries untouched.
-            requeue_job(s, now, job, f"{rr.error or 'rendezvous failed'} (rank {row.rank} on {hb.node})")
+            requeue_job(s, now, job, f"{rr.error or rr.failure + ' failed'} (rank {row.rank} on {hb.node})")
             continue
         if rr.master_port and row.rank == 0 and job.attempt == row.attempt and job.master_port is None:
             job.master_port = rr.master_port

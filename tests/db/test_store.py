@@ -334,6 +334,22 @@ def test_a_rank_whose_staging_failed_fails_the_job_with_the_agents_reason(db: Da
         assert job.reason.startswith(f"rank 1 on {node} exited with code 3") and why in job.reason
 
 
+def test_a_rank_stopped_by_its_nodes_fence_requeues_the_job_without_using_a_retry(db: Database) -> None:
+    clock, job_id = bound_job(db, {**SPEC, "limits": {"time": "1h", "retry_on_failure": 0}})
+    with db.session() as s:
+        node = s.scalar(select(Rank).where(Rank.job_id == job_id, Rank.rank == 1)).node
+    why = f"stopped by node {node}'s fence: its agent was silent for over 6 s"
+    with db.session() as s:  # the agent was frozen, came back before the TTL, and found its rank fenced
+        process_heartbeat(s, clock.advance(1), Identity("agent", node), heartbeat(node, ranks=[
+            {"job_id": job_id, "attempt": 1, "rank": 1, "state": "EXITED", "exit_code": -9, "error": why,
+             "failure": "fenced"}]))
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "PENDING" and job.restarts == 1  # the node's doing: back to the queue, not FAILED
+        requeue = s.scalar(select(svc.Event).where(svc.Event.job_id == job_id, svc.Event.kind == "job.requeue"))
+        assert why in requeue.message and f"(rank 1 on {node})" in requeue.message
+
+
 def test_cluster_history_is_thinned_after_a_day_and_dropped_after_90(db: Database) -> None:
     from scheduler.server.report import thin_history
     from scheduler.store.models import ClusterSample

@@ -172,7 +172,7 @@ def test_submits_across_a_server_restart_create_each_job_exactly_once(make_clust
     assert len(jobs) == 200 and len(set(done)) == 200
 
 
-def test_a_stale_agent_that_returns_has_its_old_ranks_stopped(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_frozen_agents_rank_is_fenced_before_the_job_runs_elsewhere(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
     c = make_cluster([NodeSpec("n1"), NodeSpec("n2")], ttl_s=3.0).start()
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
     spec = tmp_path / "job.toml"
@@ -184,21 +184,30 @@ def test_a_stale_agent_that_returns_has_its_old_ranks_stopped(make_cluster, tmp_
     old = [p for p in c.rank_pids() if str(c.data_dir(node).resolve()).encode() in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(old) == 1
 
-    os.kill(agent.pid, signal.SIGSTOP)  # the node is cut off: no heartbeats, its rank keeps running
-    c.wait_for(lambda: next(n for n in c.admin().get("/v1/nodes") if n["name"] == node)["state"] == "down", 30,
-               f"{node} to be declared down")
-    c.wait_for(lambda: c.job(job_id)["attempt"] == 2, 30, "the job to be placed again")
-    assert os.path.exists(f"/proc/{old[0]}")  # still running while the node is cut off
-    os.kill(agent.pid, signal.SIGCONT)  # it comes back
-    t0 = time.monotonic()
-    c.wait_for(lambda: not os.path.exists(f"/proc/{old[0]}") or "State:\tZ" in open(f"/proc/{old[0]}/status").read(),
-               30, "the stale rank to be stopped", interval=0.1)
-    # Stopped on the first heartbeat after the return (plus the rank's SIGTERM handling).
-    assert time.monotonic() - t0 < 15
-    c.wait_for(lambda: any(h["attempt"] == 1 and h["state"] == "KILLED" for h in c.job(job_id)["history"]), 10,
-               "the agent to report the stale rank stopped")
+    def alive(pid: int) -> bool:
+        return os.path.exists(f"/proc/{pid}") and "State:\tZ" not in open(f"/proc/{pid}/status").read()
+
+    seen: list[tuple[bool, int, str]] = []  # (old rank alive, the job's attempt, a rank's state)
+    os.kill(agent.pid, signal.SIGSTOP)  # the agent freezes: no heartbeats, and it cannot stop its rank itself
+    try:
+        def placed_again() -> bool:
+            now = c.job(job_id)
+            seen.append((alive(old[0]), now["attempt"], ",".join(r["state"] for r in now["ranks"])))
+            return now["attempt"] == 2
+        c.wait_for(placed_again, 30, "the job to be placed again", interval=0.1)
+        # The node's fence (agents/fence.py) stopped the rank before the server declared the node down
+        # and bound the job elsewhere: never two attempts at once.
+        assert not alive(old[0])
+        assert all(not was_alive for was_alive, attempt, _ in seen if attempt == 2)
+        assert str(old[0]) in (c.data_dir(node) / ".gsched" / "fenced").read_text().split()
+        assert next(n for n in c.admin().get("/v1/nodes") if n["name"] == node)["state"] == "down"
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)  # it comes back
+    c.wait_for(lambda: any(h["attempt"] == 1 and h["state"] in ("KILLED", "EXITED") for h in c.job(job_id)["history"]),
+               15, "the agent to report the fenced rank ended")
     # Only then does the returning node's device go back to the pool (attempt 2 runs elsewhere).
     doc = c.job(job_id)
     assert [r["node"] for r in doc["ranks"]] != [node]
+    assert doc["attempt"] == 2 and doc["state"] in ("RUNNING", "STAGING", "BOUND")
     c.wait_for(lambda: next(n for n in c.admin().get("/v1/nodes") if n["name"] == node)["devices_free"] == 1, 10,
                f"{node}'s device to be free again")

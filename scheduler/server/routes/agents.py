@@ -54,6 +54,7 @@ async def heartbeat(request: Request) -> JSONResponse:
     if any(r.state in RANK_FINAL for r in body.ranks):
         ctx.poke()  # devices were freed: schedule soon
     reply["heartbeat_s"] = ctx.settings.heartbeat_s
+    reply["ttl_s"] = ctx.settings.heartbeat_ttl_s  # the agent's fence stops its ranks before this runs out
     return JSONResponse(reply)
 
 
