@@ -66,9 +66,9 @@ class Options:
     ttl_s: float = 8.0
     heartbeat_s: float = 1.0
     keep: bool = False  # keep the cluster's directory (logs, database) afterwards
-    # Pause an agent past its TTL.  A paused agent's ranks run on while its jobs are placed again
-    # elsewhere (a known gap: nothing fences a cut-off node's ranks yet), so a run with a pause can
-    # count a duplicate that is that gap, not a new bug; the smoke test runs without one.
+    # Pause an agent past its TTL: the node's fence (agents/fence.py) must stop its ranks before the
+    # server places its jobs again elsewhere; a duplicate seen while it is paused is counted apart
+    # (duplicated_while_paused) and fails the run like any other.  The smoke test runs without one.
     pause: bool = True
 
 
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttl-s", type=float, default=d.ttl_s, help="the heartbeat TTL (a node silent this long is down)")
     p.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs, database)")
     p.add_argument("--no-pause", action="store_true",
-                   help="pause no agent (a paused agent's ranks run on while its jobs run elsewhere: a known gap)")
+                   help="pause no agent (by default one is paused past the TTL: its ranks must be fenced)")
     a = p.parse_args(argv)
     r = soak(Options(minutes=a.minutes, seed=a.seed, resnet=a.resnet, drain_s=a.drain_s, ttl_s=a.ttl_s, keep=a.keep,
                      pause=not a.no_pause))
