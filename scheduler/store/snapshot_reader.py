@@ -139,7 +139,8 @@ def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[
 def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk_floor_bytes: int = 0,
                    preemption: bool = True) -> Snapshot:
     """The cluster at ``now``: up nodes with their healthy and free devices, every shard and its healthy
-    copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint, running
+    copies on up nodes, pending jobs (oldest id first) with the nodes of their last checkpoint (but not
+    those whose last attempt still has ranks stopping on a node that is up), running
     jobs with their devices per node and when they must end, each user's usage and shares, and the account tree.
     ``shapes``: the caller's ``JobShapes`` (a fresh one reads every spec).  Drained nodes are left out
     (no new ranks; their copies are not read).  A node whose reported free disk is under
@@ -198,8 +199,16 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
     preempting = set(s.scalars(select(Event.job_id).join(Job, Job.id == Event.job_id).where(
         Event.kind == PREEMPTING_EVENT, Job.state == JobState.PENDING, Event.time >= Job.pending_since))
     ) if preemption else set()
+    # A requeued job waits until its last attempt's ranks have stopped on every node that is up (as
+    # Slurm's COMPLETING): two attempts never run at once, and a preempted job resumes from the checkpoint
+    # it wrote on SIGTERM.  On a node that is down they are the node's fence's (agents/fence.py): gone
+    # before the TTL that declared it down.
+    up = set(s.scalars(select(Node.name).where(Node.state == NodeState.UP))) if by_job else set()
     pending = []
     for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
+        stopping = by_job.get(job_id)
+        if stopping is not None and not up.isdisjoint(stopping):
+            continue
         shape = shape_of[job_id]
         pending.append(JobView(id=job_id, user=shape.user, ranks=shape.ranks, devices_per_rank=shape.devices_per_rank,
                                dataset=shape.dataset, submit_s=submitted_at, pending_since_s=pending_since,

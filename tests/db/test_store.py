@@ -284,6 +284,53 @@ def test_a_silent_node_is_marked_down_and_its_job_requeued(db: Database) -> None
         assert s.scalar(select(Replica).where(Replica.node == "n2")).node == "n2"  # data records kept
 
 
+@pytest.mark.parametrize("then", ["the rank is reported stopped", "its node is declared down"])
+def test_a_requeued_job_is_bound_again_only_once_its_last_attempts_ranks_have_stopped(db: Database, then: str) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock, nodes=("n1", "n2", "n3"))
+    with db.session() as s:  # a copy of each shard on every node, kept there (the re-balance drops none)
+        s.get(Dataset, "d").replicas_required = 3
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, SPEC, None)
+    run_cycle(db, settings(), clock.advance(1))
+    with db.session() as s:
+        nodes = {r.rank: r.node for r in s.scalars(select(Rank).where(Rank.job_id == job_id))}
+    restarted, other = nodes[0], nodes[1]
+    for rank, n in nodes.items():
+        with db.session() as s:
+            process_heartbeat(s, clock.advance(0.1), Identity("agent", n), heartbeat(n, ranks=[
+                {"job_id": job_id, "attempt": 1, "rank": rank, "state": "RUNNING"}]))
+    with db.session() as s:  # rank 0's agent restarts: the job is requeued and rank 1 is told to stop
+        process_heartbeat(s, clock.advance(1), Identity("agent", restarted),
+                          heartbeat(restarted, replicas=[{"dataset": "d", "shard": i, "bytes": 1000, "sha256": SHA}
+                                                         for i in (0, 1)]).model_copy(update={"incarnation": "new"}))
+    with db.session() as s:
+        assert s.get(Job, job_id).state == "PENDING"
+        assert s.scalar(select(Rank.state).where(Rank.job_id == job_id, Rank.rank == 1)) == "KILLING"
+    for n in ("n1", "n2", "n3"):  # every node still up and reporting; rank 1's node has not stopped it yet
+        with db.session() as s:
+            process_heartbeat(s, clock.advance(0.1), Identity("agent", n), heartbeat(n, ranks=[
+                {"job_id": job_id, "attempt": 1, "rank": 1, "state": "RUNNING"}] if n == other else []))
+    report = run_cycle(db, settings(), clock.advance(1))
+    assert job_id not in report.bound  # two devices are free, but attempt 1's rank 1 still runs on an up node
+    with db.session() as s:
+        assert s.get(Job, job_id).attempt == 1
+    if then == "the rank is reported stopped":
+        with db.session() as s:
+            process_heartbeat(s, clock.advance(1), Identity("agent", other), heartbeat(other, ranks=[
+                {"job_id": job_id, "attempt": 1, "rank": 1, "state": "KILLED", "exit_code": -15}]))
+    else:  # silent past the TTL: its fence stopped the rank before the server declared it down
+        clock.advance(6)
+        for n in ("n1", "n2", "n3"):
+            if n != other:
+                with db.session() as s:
+                    process_heartbeat(s, clock.now(), Identity("agent", n), heartbeat(n))
+        run_cycle(db, settings(), clock.advance(6))  # the other node is down now (12 s > 10 s)
+    report = run_cycle(db, settings(), clock.advance(1))
+    with db.session() as s:
+        assert s.get(Job, job_id).state == "BOUND" and s.get(Job, job_id).attempt == 2
+        assert len(list(s.scalars(select(Rank).where(Rank.job_id == job_id, Rank.attempt == 2)))) == 2
+
+
 def test_past_max_restarts_a_job_fails_with_its_history(db: Database) -> None:
     clock = FakeClock(1000.0)
     setup_cluster(db, clock, nodes=("n1", "n2", "n3"))
