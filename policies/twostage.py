@@ -202,7 +202,12 @@ class TwoStageArbiter:
             best: Candidate | None = None
             free_now = avail.counts
             for i, c in enumerate(cands):
-                busy = said.busy(c, free_now)
+                busy = None
+                for n, need in c.device_items():  # said.busy(c, free_now), without a call per candidate
+                    have = free_now.get(n, 0)
+                    if have < need:
+                        busy = said.busy_on(n, need, have)
+                        break
                 if busy is None:
                     if best is None:
                         best = c
