@@ -53,8 +53,8 @@ from policies.reservation import Reservation, plan_reservation
 from scheduler.core.decide import job_shape
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
-from scheduler.core.reasons import Reason
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason
 from scheduler.core.snapshot import JobView, Snapshot
 from scheduler.core.stage1 import (
     Stage1Index,
@@ -112,19 +112,23 @@ def break_ties_by_cost(
         return list(ordered)
 
     def cost(job: JobView) -> float:
-        return min((c.transfer_cost_ms for c in candidates.get(job.id, ())), default=-1)
+        cs = candidates.get(job.id)
+        return min([c.transfer_cost_ms for c in cs]) if cs else -1
 
     out: list[JobView] = []
-    i = 0
-    while i < len(ordered):
-        floor = prios[ordered[i].id] - tol
+    prio = [prios[job.id] for job in ordered]
+    i, n = 0, len(ordered)
+    while i < n:
+        floor = prio[i] - tol
         j = i + 1
-        while j < len(ordered) and prios[ordered[j].id] >= floor:
+        while j < n and prio[j] >= floor:
             j += 1
-        group = list(ordered[i:j])
-        if len(group) > 1:
+        if j - i > 1:
+            group = list(ordered[i:j])
             group.sort(key=cost)  # stable: priority order among equal costs
-        out.extend(group)
+            out.extend(group)
+        else:
+            out.append(ordered[i])
         i = j
     return out
 
