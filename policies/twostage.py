@@ -201,9 +201,11 @@ class TwoStageArbiter:
                 avail, avail_total = ledger.free, ledger.total
 
             # The first candidate that fits is the best that fits (candidates come best first); every
-            # one that does not gets its reason.  Read through the ledger's plain dicts (``counts``).
+            # one that does not gets its reason (``fits``: the positions of those that do, which get
+            # theirs below).  Read through the ledger's plain dicts (``counts``).
             cands = candidates.get(job_id, ())
             best: Candidate | None = None
+            fits: list[int] = []
             free_now = avail.counts
             for i, c in enumerate(cands):
                 busy = None
@@ -215,6 +217,7 @@ class TwoStageArbiter:
                 if busy is None:
                     if best is None:
                         best = c
+                    fits.append(i)
                 elif res is not None and long_job and said.busy(c, ledger.free.counts) is None:
                     d.candidate_reasons[(job_id, i)] = reserved_for(res.job_id, res.start_s)
                 else:
@@ -264,17 +267,16 @@ class TwoStageArbiter:
                         d.waiting[job_id] = since
                         d.reasons[job_id] = said.waiting(until)
                         reasons = d.candidate_reasons
-                        for i, c in enumerate(cands):
-                            if (job_id, i) not in reasons:
-                                reasons[(job_id, i)] = said.waiting(until, c.transfer_cost_ms, threshold)
+                        for i in fits:
+                            reasons[(job_id, i)] = said.waiting(until, cands[i].transfer_cost_ms, threshold)
                         continue
 
             ledger.take(best)
             d.bindings[job_id] = best
             bound_ends.append((now + job.time_limit_s, best.devices_by_node()))
             passed_over: Reason | None = None
-            for i, c in enumerate(cands):
-                if c is not best and (job_id, i) not in d.candidate_reasons:
+            for i in fits:
+                if cands[i] is not best:
                     if passed_over is None:
                         passed_over = not_taken(f"another candidate was chosen ({best.transfer_cost_ms} ms, "
                                                 f"nodes {', '.join(best.nodes)})")
