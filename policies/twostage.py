@@ -38,6 +38,7 @@ that can read their data locally go first):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from policies.common import (
@@ -113,7 +114,7 @@ def break_ties_by_cost(
 
     def cost(job: JobView) -> float:
         cs = candidates.get(job.id)
-        return min([c.transfer_cost_ms for c in cs]) if cs else -1
+        return min(map(_transfer_cost, cs)) if cs else -1
 
     out: list[JobView] = []
     prio = [prios[job.id] for job in ordered]
@@ -131,6 +132,9 @@ def break_ties_by_cost(
             out.append(ordered[i])
         i = j
     return out
+
+
+_transfer_cost = attrgetter("transfer_cost_ms")
 
 
 def starving_first(ordered: Sequence[JobView], now_s: float, cfg: PolicyConfig) -> list[JobView]:
@@ -183,6 +187,8 @@ class TwoStageArbiter:
         # checked once per (ranks, devices per rank, data set), the same Reason shared.
         never: dict[tuple[int, int, str | None], Reason | None] = {}
         threshold = cfg.locality_threshold_ms
+        job_reasons, cand_reasons = d.reasons, d.candidate_reasons
+        busy_on, waiting = said.busy_on, said.waiting
 
         for job in ordered:
             job_id = job.id
@@ -192,7 +198,7 @@ class TwoStageArbiter:
             else:
                 why = never[check] = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
             if why is not None:
-                d.reasons[job_id] = why
+                job_reasons[job_id] = why
                 continue
             long_job = res is not None and now + job.time_limit_s > res.start_s
             if res is not None and long_job:
@@ -212,16 +218,16 @@ class TwoStageArbiter:
                 for n, need in c.device_items():  # said.busy(c, free_now), without a call per candidate
                     have = free_now.get(n, 0)
                     if have < need:
-                        busy = said.busy_on(n, need, have)
+                        busy = busy_on(n, need, have)
                         break
                 if busy is None:
                     if best is None:
                         best = c
                     fits.append(i)
                 elif res is not None and long_job and said.busy(c, ledger.free.counts) is None:
-                    d.candidate_reasons[(job_id, i)] = reserved_for(res.job_id, res.start_s)
+                    cand_reasons[(job_id, i)] = reserved_for(res.job_id, res.start_s)
                 else:
-                    d.candidate_reasons[(job_id, i)] = busy
+                    cand_reasons[(job_id, i)] = busy
             if best is None and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
                 # Jobs of one shape share stage 1's candidates, so once the first takes them the rest
                 # re-propose against what is left.  The spare placements of the last re-proposal for
@@ -265,10 +271,9 @@ class TwoStageArbiter:
                         possible[key] = locality_possible(job, snap, cfg, index)
                     if possible[key]:
                         d.waiting[job_id] = since
-                        d.reasons[job_id] = said.waiting(until)
-                        reasons = d.candidate_reasons
+                        job_reasons[job_id] = waiting(until)
                         for i in fits:
-                            reasons[(job_id, i)] = said.waiting(until, cands[i].transfer_cost_ms, threshold)
+                            cand_reasons[(job_id, i)] = waiting(until, cands[i].transfer_cost_ms, threshold)
                         continue
 
             ledger.take(best)
