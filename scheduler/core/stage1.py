@@ -265,6 +265,12 @@ class FreeDevices(Mapping[str, int]):
     def __len__(self) -> int:
         return len(self._free)
 
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """The same free devices as a plain dict, kept current by :meth:`set`: a caller that reads
+        many nodes (an arbiter's fit checks) looks them up without a Python call each.  Read-only."""
+        return self._free
+
     def set(self, node: str, free: int) -> None:
         """Node ``node`` now has ``free`` free devices (0 removes it)."""
         old = self._free.get(node, 0)
