@@ -37,11 +37,13 @@ import os
 import re
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agents.inplace import InPlaceError, describe, find_files, hash_file, link_shard
@@ -98,7 +100,7 @@ class DataServer:
         handler = _make_handler(self)
         self.tls = tls is not None
         self.httpd = (_TLSServer((host, port), handler, _server_context(*tls)) if tls
-                      else ThreadingHTTPServer((host, port), handler))
+                      else _PeerServer((host, port), handler))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="dataserver", daemon=True)
 
@@ -124,7 +126,19 @@ def _server_context(cert: str, key: str) -> ssl.SSLContext:
     return ctx
 
 
-class _TLSServer(ThreadingHTTPServer):
+class _PeerServer(ThreadingHTTPServer):
+    """A peer that hangs up before its answer (a copy it gave up on, a killed agent) is a line in the
+    log, not a traceback: only other errors get the standard library's report."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError):
+            log.info("peer %s hung up: %s", client_address[0] if client_address else "?", err)
+            return
+        super().handle_error(request, client_address)
+
+
+class _TLSServer(_PeerServer):
     """HTTPS only: each connection's handshake happens in its request thread (``finish_request``), so a
     peer that stalls it holds up nobody else; one that fails it (plain HTTP, an untrusting client) is
     closed with a line in the log."""

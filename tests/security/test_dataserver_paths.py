@@ -201,3 +201,21 @@ def test_a_fetch_ticket_reads_one_checkpoint_and_writes_nothing(tmp_path: Path) 
         assert (ckpts / "epoch-0002.pt").read_bytes() == b"weights"
     finally:
         srv.stop()
+
+
+def test_a_peer_that_hangs_up_is_a_log_line_and_other_errors_keep_their_traceback(
+        server: tuple[DataServer, Path, Path], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    srv = server[0].httpd
+    caplog.set_level("INFO", logger="gsched")
+    try:
+        raise BrokenPipeError(32, "Broken pipe")  # what writing a reply to a peer that left raises
+    except BrokenPipeError:
+        srv.handle_error(None, ("127.0.0.9", 1234))
+    assert "Traceback" not in capsys.readouterr().err
+    assert any("peer 127.0.0.9 hung up" in r.getMessage() for r in caplog.records)
+    try:
+        raise ValueError("a real bug")
+    except ValueError:
+        srv.handle_error(None, ("127.0.0.9", 1234))
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: a real bug" in err
