@@ -66,8 +66,22 @@ def get_setting(s: Session, key: str, make: Any = None) -> str | None:
     return row.value if row else None
 
 
+_peer_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def peer_key(s: Session) -> str:
-    return get_setting(s, "peer_key", make=lambda: secrets.token_hex(32)) or ""
+    """The key of the tickets between nodes, made on first use.  It never changes once made, so it is
+    kept per database once read back committed (every heartbeat's reply carries it: a query each)."""
+    bind = s.get_bind()
+    key = _peer_keys.get(bind)
+    if key is not None:
+        return key
+    row = s.get(Setting, "peer_key")
+    if row is None or s.info.get("peer_key_made"):  # made in this transaction: kept once another reads it
+        s.info["peer_key_made"] = True
+        return get_setting(s, "peer_key", make=lambda: secrets.token_hex(32)) or ""
+    _peer_keys[bind] = row.value
+    return row.value
 
 
 # ---------------------------------------------------------------- identities
