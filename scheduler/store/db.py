@@ -30,6 +30,7 @@ from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+AT_COMMIT = "add_at_commit"  # Session.info: rows a write session adds as it commits (effects.record_at_commit)
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -76,6 +77,7 @@ class Database:
         self._factory = sessionmaker(writer, expire_on_commit=False)
         self._reader = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         event.listen(self._reader, "before_flush", _refuse_flush)
+        event.listen(self._factory, "before_commit", _add_at_commit)
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
 
     @contextmanager
@@ -184,6 +186,12 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
+
+
+def _add_at_commit(session: Session) -> None:
+    rows = session.info.pop(AT_COMMIT, None)
+    if rows:
+        session.add_all(rows)
 
 
 def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]

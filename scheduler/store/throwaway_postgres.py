@@ -69,6 +69,13 @@ class ThrowawayPostgres:
     def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.prefix, *args], check=True, capture_output=True, text=True)
 
+    def pid(self) -> int | None:
+        """The postmaster's process id (its backends are its children), or None when it is not running."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def url(self, dbname: str) -> str:
         return f"postgresql+psycopg://gsched@127.0.0.1:{self.port}/{dbname}"
 
