@@ -20,12 +20,16 @@ why and the section goes on.
 ``--quick``: both databases, 4 threads for 2 s of submits, fleets of 40 and 200 agents for 4 s.
 
 The clients run on the same 2 cores as the server, so the figures are lower bounds of the server;
-each figure carries the machine's load average (``/proc/loadavg``) when it started.
+each figure carries the machine's load average (``/proc/loadavg``) when it started, and the CPU time
+the server process (its cycle process included, which runs every second whatever the load) and the
+PostgreSQL server (all its backends) spent per request over the figure's stretch: where other work
+shares the cores, the rates move with it and the CPU per request far less.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -195,7 +199,46 @@ def _load() -> str:
         return "load unknown"
 
 
-def _backend(report: Report, label: str, db: str | None) -> None:
+def _cpu_s(root: int | None, tree: bool) -> float:
+    """CPU seconds (user + system) of process ``root`` (``tree``: with its descendants alive now), from /proc."""
+    if root is None:
+        return 0.0
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (tree or int(d) == root):
+            try:
+                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
+    mine, grew = {root}, tree
+    while grew:
+        more = {p for p, (ppid, _) in stats.items() if ppid in mine} - mine
+        grew, mine = bool(more), mine | more
+    return sum(stats[p][1] for p in mine if p in stats)
+
+
+class _Cpu:
+    """The CPU the server's HTTP process and the database server (all its backends) spend per request
+    over a stretch of the run, and the cycle process's share of a core: figures the machine's other
+    load changes far less than the rates."""
+
+    def __init__(self, server: int, database: int | None) -> None:
+        self.server, self.database = server, database
+        self.start = (time.perf_counter(), _cpu_s(server, False), _cpu_s(server, True), _cpu_s(database, True))
+
+    def per(self, n: int, what: str) -> str:
+        t0, http0, all0, db0 = self.start
+        wall = time.perf_counter() - t0
+        http, everything, db = _cpu_s(self.server, False) - http0, _cpu_s(self.server, True) - all0, \
+            _cpu_s(self.database, True) - db0
+        out = f"HTTP process {http / max(n, 1) * 1000:.2f} ms CPU per {what}"
+        if self.database is not None:
+            out += f", PostgreSQL {db / max(n, 1) * 1000:.2f} ms"
+        return out + f", cycle process {(everything - http) / wall:.0%} of a core"
+
+
+def _backend(report: Report, label: str, db: str | None, database_pid: int | None = None) -> None:
     """Submit throughput and heartbeats at each fleet size on one database (``db`` None: SQLite)."""
     import httpx  # noqa: F401 - LocalCluster's client needs it; fail early, before a server starts
 
@@ -214,18 +257,21 @@ def _backend(report: Report, label: str, db: str | None) -> None:
                 "name": "benchdata", "classes": 4, "image_shape": [3, 8, 8], "replicas": 1,
                 "shards": [{"index": 0, "bytes": 1000, "sha256": "0" * 64, "samples": 10}]})
             load = _load()
+            server_pid = cluster.procs["server"].pid
             n_h, t_h, _ = _hammer(cluster.url, token, submit_s, threads, "GET", "/v1/health")
+            cpu = _Cpu(server_pid, database_pid)
             n_s, t_s, lat_s = _hammer(cluster.url, token, submit_s, threads, "POST", "/v1/jobs", {"spec": SPEC})
             rate_s, rate_h = n_s / t_s, n_h / t_h
             report.add(Figure("control", f"{label}: submit throughput ({threads} client threads, {submit_s:.0f} s)",
                               f"{rate_s:.0f} jobs/s (p50 {_pct(lat_s, 50) * 1000:.1f} ms, p99 {_pct(lat_s, 99) * 1000:.1f} ms; "
-                              f"{n_s} jobs; {load})", f"vs GET /v1/health {rate_h:.0f} req/s: ratio {rate_s / rate_h:.2f}",
+                              f"{n_s} jobs; {cpu.per(n_s, 'job')}; {load})", f"vs GET /v1/health {rate_h:.0f} req/s: ratio {rate_s / rate_h:.2f}",
                               ">= 1000 jobs/s", rate_s >= 1000))
             one = {"a0000": tokens["a0000"]}
             idle = _agents(cluster.url, one, 0.05, 2.0 if report.quick else 5.0, 1)
             for n_agents in fleets:
                 mine = {n: tokens[n] for n in sorted(tokens)[:n_agents]}
                 load = _load()
+                cpu = _Cpu(server_pid, database_pid)
                 lat = _agents(cluster.url, mine, 5.0, hb_s, min(max(50, n_agents // 50), n_agents))
                 p50, p99 = _pct(lat, 50), _pct(lat, 99)
                 offered = n_agents * hb_s / 5.0
@@ -233,7 +279,7 @@ def _backend(report: Report, label: str, db: str | None) -> None:
                 report.add(Figure("control", f"{label}: {n_agents} agents heartbeating every 5 s for {hb_s:.0f} s, "
                                   f"{n_s} jobs pending, cycles every 1 s",
                                   f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms ({len(lat)} of {offered:.0f} "
-                                  f"heartbeats due; {load})",
+                                  f"heartbeats due; {cpu.per(len(lat), 'heartbeat')}; {load})",
                                   f"vs one agent alone on the same server (cycles running) p99 "
                                   f"{_pct(idle, 99) * 1000:.1f} ms: ratio {p99 / _pct(idle, 99):.1f}",
                                   "p99 <= 50 ms" if biggest else "none (reported beside the target's fleet)",
@@ -253,6 +299,6 @@ def run(report: Report) -> None:
     # PostgreSQL's own defaults (fsync, synchronous commit): a 2xx is on disk, as in production
     pg = ThrowawayPostgres(free_port(), durable=True)
     try:
-        _backend(report, "PostgreSQL", pg.new_database())
+        _backend(report, "PostgreSQL", pg.new_database(), pg.pid())
     finally:
         pg.stop()
