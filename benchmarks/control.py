@@ -200,7 +200,8 @@ def _load() -> str:
 
 
 def _cpu_s(root: int | None, tree: bool) -> float:
-    """CPU seconds (user + system) of process ``root`` (``tree``: with its descendants alive now), from /proc."""
+    """CPU seconds (user + system) of process ``root`` (``tree``: with its descendants alive now) and of
+    the children they reaped, from /proc."""
     if root is None:
         return 0.0
     stats: dict[int, tuple[int, float]] = {}
@@ -210,7 +211,9 @@ def _cpu_s(root: int | None, tree: bool) -> float:
                 f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
+            # utime, stime, and cutime, cstime: a PostgreSQL backend that exited (a connection closed)
+            # is counted in its parent's, as long as it lived in the tree
+            stats[int(d)] = (int(f[1]), sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK"))
     mine, grew = {root}, tree
     while grew:
         more = {p for p, (ppid, _) in stats.items() if ppid in mine} - mine
