@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from scheduler.cli.localcluster import LocalCluster, NodeSpec
+from scheduler.cli.localcluster import LocalCluster, NodeSpec, free_port
+from scheduler.store.throwaway_postgres import ThrowawayPostgres, unavailable
 
 # Small, learnable and quick on 2 cores: 4 classes of 8x8 RGB images.
 TINY_SOURCE = "synthetic:classes=4,samples=480,size=8,seed=5"
@@ -62,71 +62,12 @@ def rank_processes(job_id: int, root: Path) -> list[int]:
 
 # ---------------------------------------------------------------- databases: SQLite and PostgreSQL
 
-PG_BIN = Path(os.environ.get("GSCHED_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-class ThrowawayPostgres:
-    """A PostgreSQL 15 cluster of our own in a temp dir, on a loopback port; removed on stop().
-
-    initdb refuses to run as root, so as root the server runs as the ``postgres`` user.
-    """
-
-    def __init__(self) -> None:
-        import pwd
-        import shutil
-        import subprocess
-        import tempfile
-
-        from scheduler.cli.localcluster import free_port
-
-        self.root = Path(tempfile.mkdtemp(prefix="gsched-pg-"))
-        self.port = free_port()
-        self.prefix: list[str] = []
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.root, pw.pw_uid, pw.pw_gid)
-            self.prefix = ["runuser", "-u", "postgres", "--"]
-        self._run = lambda *a: subprocess.run([*self.prefix, *a], check=True, capture_output=True, text=True)
-        data = self.root / "data"
-        self._run(str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "gsched", "--no-sync", "-E", "UTF8")
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(self.root / "pg.log"), "-w", "-t", "60", "-o",
-                  f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                  f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=200", "start")
-        self.data = data
-        self._shutil = shutil
-        self._n = 0
-
-    def url(self, dbname: str) -> str:
-        return f"postgresql+psycopg://gsched@127.0.0.1:{self.port}/{dbname}"
-
-    def new_database(self) -> str:
-        import psycopg
-
-        self._n += 1
-        name = f"gsched_t{os.getpid()}_{self._n}"
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=gsched dbname=postgres", autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
-
-    def stop(self) -> None:
-        try:
-            self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        finally:
-            self._shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[ThrowawayPostgres]:
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (set GSCHED_PG_BIN)")
-    if os.geteuid() == 0:
-        try:
-            import pwd
-
-            pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run initdb as")
-    pg = ThrowawayPostgres()
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    pg = ThrowawayPostgres(free_port())
     yield pg
     pg.stop()
 

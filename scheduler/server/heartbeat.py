@@ -100,13 +100,13 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
             record(s, now, who.actor, "node.up", f"{hb.node} is back", node=hb.node)
             node.state = NodeState.UP
             node.down_since = None
-        node.rack, node.address, node.incarnation, node.last_seen = hb.rack, hb.address, hb.incarnation, now
+        _assign(node, rack=hb.rack, address=hb.address, incarnation=hb.incarnation, last_seen=now)
     if under_floor(node.free_bytes, disk_floor_bytes) != under_floor(hb.free_bytes, disk_floor_bytes):
         low = under_floor(hb.free_bytes, disk_floor_bytes)
         record(s, now, who.actor, "node.low_disk" if low else "node.disk_ok",
                floor_reason(hb.free_bytes, disk_floor_bytes) if low else f"{hb.node}: free disk above the floor again",
                node=hb.node)
-    node.free_bytes = hb.free_bytes
+    _assign(node, free_bytes=hb.free_bytes)
     _devices(s, hb)
     if hb.replicas is not None:
         _inventory(s, now, hb)
@@ -128,6 +128,15 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
     if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
         out["ended"] = ended_jobs(s, now, hb.job_dirs)
     return out
+
+
+def _assign(row: Any, **values: Any) -> None:
+    """Set the attributes whose value differs.  Setting one to the value it has still marks the row
+    dirty, and every flush of the batch (each query autoflushes) then went over the heartbeat's eight
+    unchanged devices to find nothing to write: a third of a heartbeat's time."""
+    for name, value in values.items():
+        if getattr(row, name) != value:
+            setattr(row, name, value)
 
 
 def _load_jobs(s: Session, ids: Iterable[int], jobs: dict[int, Job]) -> None:
@@ -165,8 +174,8 @@ def _devices(s: Session, hb: Heartbeat) -> None:
             changed = True
         else:
             changed = changed or row.healthy != d.healthy
-            row.kind, row.model, row.memory_bytes, row.healthy = d.kind, d.model, d.memory_bytes, d.healthy
-            row.uuid, row.health = d.uuid, d.health
+            _assign(row, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes, healthy=d.healthy, uuid=d.uuid,
+                    health=d.health)
     for idx, row in have.items():
         if idx not in seen:
             s.delete(row)

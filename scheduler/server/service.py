@@ -34,7 +34,7 @@ from scheduler.core.lifecycle import (
 from scheduler.core.reasons import Reason, ReasonKind
 from scheduler.server.auth import AGENT_PREFIX, USER_PREFIX, Identity, hash_token, new_token
 from scheduler.server.jobfilter import JobFilter
-from scheduler.store.effects import move, record
+from scheduler.store.effects import move, record, record_at_commit
 from scheduler.store.models import (
     AgentToken,
     Checkpoint,
@@ -66,8 +66,22 @@ def get_setting(s: Session, key: str, make: Any = None) -> str | None:
     return row.value if row else None
 
 
+_peer_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def peer_key(s: Session) -> str:
-    return get_setting(s, "peer_key", make=lambda: secrets.token_hex(32)) or ""
+    """The key of the tickets between nodes, made on first use.  It never changes once made, so it is
+    kept per database once read back committed (every heartbeat's reply carries it: a query each)."""
+    bind = s.get_bind()
+    key = _peer_keys.get(bind)
+    if key is not None:
+        return key
+    row = s.get(Setting, "peer_key")
+    if row is None or s.info.get("peer_key_made"):  # made in this transaction: kept once another reads it
+        s.info["peer_key_made"] = True
+        return get_setting(s, "peer_key", make=lambda: secrets.token_hex(32)) or ""
+    _peer_keys[bind] = row.value
+    return row.value
 
 
 # ---------------------------------------------------------------- identities
@@ -202,6 +216,15 @@ def cluster_limits(s: Session) -> tuple[int, int]:
     return value
 
 
+def _held(s: Session, row: Any) -> Any:
+    """``row``, held by the session for its length: the identity map holds an unchanged row weakly, so
+    that the next ``s.get`` of it in the same transaction (the next submit of a group commit naming
+    the same data set) finds it without a query, where it read it again (and autoflushed first)."""
+    if row is not None:
+        s.info.setdefault("held", []).append(row)
+    return row
+
+
 SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its first cycle
 
 
@@ -229,7 +252,7 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
         spec = validate_spec(spec_doc)
     except JobSpecError as e:
         raise Unprocessable("invalid job spec: " + "; ".join(e.errors), e.errors[0].split(":")[0]) from None
-    if spec.dataset is not None and s.get(Dataset, spec.dataset) is None:
+    if spec.dataset is not None and _held(s, s.get(Dataset, spec.dataset)) is None:
         known = ", ".join(s.scalars(select(Dataset.name).order_by(Dataset.name))) or "none yet"
         raise Unprocessable(f"data.dataset: no data set {spec.dataset!r} (known: {known})", "data.dataset")
     if spec.run is not None and not single_team:
@@ -284,7 +307,7 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
                       dependency=job.dependency, deps_met=job.deps_met, array_job_id=job.id, array_index=index,
                       array_count=len(indexes), array_max_running=max_running))
         s.flush()
-    record(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
+    record_at_commit(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
            f"{spec.dataset or 'no data'}" + (" (own command)" if spec.run else ""), job_id=job.id)
     return job.id, True
 

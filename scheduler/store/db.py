@@ -4,7 +4,7 @@
 transaction.  SQLite gets WAL, a busy timeout and foreign keys; writes are serialised with a process
 lock because SQLite allows one writer, and between processes (the server and its cycle process) by a
 ``flock`` on ``<database>.writer`` (``_WriterLock``), with ``BEGIN IMMEDIATE`` behind it.  PostgreSQL
-uses the engine's pool as it is.
+uses the engine's pool, which pings a connection only when it sat idle (``PING_IDLE_S``).
 
 Under SQLite every session is one real transaction from its first statement (``BEGIN`` is emitted by
 us, not by the sqlite3 module, which would start it only at the first write): a read session sees one
@@ -21,14 +21,16 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+AT_COMMIT = "add_at_commit"  # Session.info: rows a write session adds as it commits (effects.record_at_commit)
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -50,9 +52,19 @@ class Database:
             kwargs["pool_size"] = 64
             kwargs["max_overflow"] = 64
         else:
-            kwargs["pool_pre_ping"] = True
-            kwargs["pool_size"] = 10
+            # Every request thread (the Gate's token lookup, the GET routes) and both group-commit
+            # threads check a connection out: 10 kept plus overflow closed on return opened a new
+            # connection (a PostgreSQL backend) for some requests under load.  20 kept, 20 more at most.
+            kwargs["pool_size"] = 20
+            kwargs["max_overflow"] = 20
         self.engine: Engine = create_engine(url, **kwargs)
+        if not self.is_sqlite:
+            # In place of pool_pre_ping, which cost a round trip (SELECT 1) on every checkout: a
+            # connection idle in the pool for more than PING_IDLE_S is pinged, and replaced when the
+            # ping fails.  One checked in a moment ago is used as it is; should the server have gone in
+            # that moment, its first statement fails and the pool drops every older connection.
+            event.listen(self.engine.pool, "checkin", _note_checkin)
+            event.listen(self.engine.pool, "checkout", _ping_if_idle(self.engine))
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             if not autocheckpoint:
@@ -65,6 +77,7 @@ class Database:
         self._factory = sessionmaker(writer, expire_on_commit=False)
         self._reader = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         event.listen(self._reader, "before_flush", _refuse_flush)
+        event.listen(self._factory, "before_commit", _add_at_commit)
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
 
     @contextmanager
@@ -146,6 +159,26 @@ class _WriterLock:
         self._lock.release()
 
 
+PING_IDLE_S = 1.0
+
+
+def _note_checkin(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+    record.info["checked_in"] = time.monotonic()
+
+
+def _ping_if_idle(engine: Engine):  # type: ignore[no-untyped-def]
+    def checkout(dbapi_conn, record, _proxy) -> None:  # type: ignore[no-untyped-def]
+        since = record.info.get("checked_in")
+        if since is None or time.monotonic() - since <= PING_IDLE_S:
+            return  # new, or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as e:  # noqa: BLE001 - any failure: the pool retries with a new connection
+            raise exc.DisconnectionError(f"connection idle {time.monotonic() - since:.0f} s failed its ping: {e}") from e
+
+    return checkout
+
+
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
     from alembic.config import Config
 
@@ -153,6 +186,12 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
+
+
+def _add_at_commit(session: Session) -> None:
+    rows = session.info.pop(AT_COMMIT, None)
+    if rows:
+        session.add_all(rows)
 
 
 def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]

@@ -3,7 +3,8 @@
 ``move(s, now, job, to, reason, **context)`` asks ``scheduler.core.lifecycle.plan`` for the move's
 effects (it raises ``IllegalTransition`` for a move the table does not hold, before anything changes)
 and applies them in order in the caller's transaction; it commits nothing.  ``bind_job`` is the move
-a binder makes once it has re-checked a candidate's devices.  ``record`` adds an audit event.
+a binder makes once it has re-checked a candidate's devices.  ``record`` adds an audit event
+(``record_at_commit`` as the transaction commits).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scheduler.core.lifecycle import (
     plan,
 )
 from scheduler.core.placement import Candidate
+from scheduler.store.db import AT_COMMIT
 from scheduler.store.models import Event, Job, Node, Rank, Transfer
 
 
@@ -33,6 +35,16 @@ def record(s: Session, now: float, actor: str, kind: str, message: str = "",
            job_id: int | None = None, node: str | None = None) -> None:
     """Add one event to the audit log (``gsched events``, a job's history)."""
     s.add(Event(time=now, actor=actor, kind=kind, message=message, job_id=job_id, node=node))
+
+
+def record_at_commit(s: Session, now: float, actor: str, kind: str, message: str = "",
+                     job_id: int | None = None, node: str | None = None) -> None:
+    """``record``, but the event joins the session only as its transaction commits (``Database``
+    adds them then): a group commit's submits write their events in one INSERT at the end, where each
+    was written by the next submit's flush, a statement (a round trip to PostgreSQL) each.  Lost with
+    the transaction when it rolls back, as any write; not seen by a query of the same transaction."""
+    s.info.setdefault(AT_COMMIT, []).append(
+        Event(time=now, actor=actor, kind=kind, message=message, job_id=job_id, node=node))
 
 
 def move(s: Session, now: float, job: Job, to: JobState, reason: str, **context: Any) -> None:

@@ -223,3 +223,32 @@ def test_two_processes_writing_one_sqlite_database_never_fail_or_lose_a_write(tm
         counts = sorted(int(m.rsplit("-", 1)[1]) for m in s.scalars(select(Event.message).where(Event.kind == "test")))
     db.dispose()
     assert counts == list(range(300))  # each write saw every earlier one: serialised, none lost
+
+
+def test_a_batch_of_submits_writes_its_events_at_commit_and_a_rollback_loses_them(db: Database) -> None:
+    from sqlalchemy import event
+
+    _cluster(db, 100.0)
+    spec = {"name": "j", "resources": {"ranks": 1, "gpus_per_rank": 1}, "data": {"dataset": "d"},
+            "train": {"epochs": 1}, "limits": {"time": "1h"}}
+    alice = Identity("user", "alice")
+    inserts: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda conn, cur, stmt, params, ctx, many: inserts.append(
+        stmt.split()[2]) if stmt.lstrip().upper().startswith("INSERT") else None)
+    with db.session() as s:
+        ids = [svc.submit_job(s, 100.0, alice, spec, None)[0] for _ in range(5)]
+    # the events go in after every job, at commit: in one statement on PostgreSQL (SQLAlchemy's
+    # insertmanyvalues); SQLite's ORM inserts them row by row, in process, at no round trip
+    assert inserts[:5] == ["jobs"] * 5 and inserts[5:] == ["events"] * (5 if db.is_sqlite else 1)
+    with db.read() as s:
+        assert sorted(s.scalars(select(Event.job_id).where(Event.kind == "job.submit"))) == ids
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), db.session() as s:
+        lost = svc.submit_job(s, 100.0, alice, spec, None)[0]
+        raise Boom
+    with db.read() as s:
+        assert s.get(Job, lost) is None
+        assert s.scalar(select(func.count()).select_from(Event).where(Event.job_id == lost)) == 0
