@@ -43,15 +43,19 @@ class PolicyConfig:
     # twostage: the reservation (devices held idle so the first gang that fits nowhere can start) is
     # taken only for a job that has been pending at least reserve_min_wait_s (Slurm's
     # bf_min_age_reserve); until then jobs behind it use every free device.  0 reserves at once.
-    # 4 days: in the quality grid's contended cells a reservation taken at once drained the cluster
-    # for days (itp_5000 at load 2.5: mean JCT 33.4 h, against 13.2 h with none and 14.0 h at 4 days;
-    # at 2 days 31.3 h), see benchmarks/RESULTS.md.
-    reserve_min_wait_s: float = 4 * 86400.0
+    # A reservation taken at once drained contended clusters for days (itp_5000 at load 2.5: mean JCT
+    # 33.4 h, against 13.2 h with none and 14.0 h at 4 days; at 2 days 31.3 h).  8 days (with
+    # max_wait_s): at 4 days philly_5000 at load 2.5 had a reservation in 2117 of 4856 cycles and
+    # its jobs pending over 4 days staged about 5 of its 8.55 TB; at 8 days mean JCT 66.6 -> 56.9 h, p95
+    # 175 -> 148 h, local reads 0.791 -> 0.879, the longest wait unchanged (241 h); the 500-job
+    # slices are unchanged.  See benchmarks/RESULTS.md ("Quality on the 5,000-job slices").
+    reserve_min_wait_s: float = 8 * 86400.0
     # twostage: the starvation bound.  The job pending longest, once it has been pending max_wait_s,
     # goes first in the order: it starts at once or takes the reservation, so it starts by the end
-    # (by time limits) of the jobs running then.  0 turns the bound off.  4 days: the longest wait in
-    # itp_5000 at load 2.5 went 194 h -> 133 h (every baseline: 196-199 h) for +6 % of mean JCT.
-    max_wait_s: float = 4 * 86400.0
+    # (by time limits) of the jobs running then.  0 turns the bound off.  8 days, with
+    # reserve_min_wait_s (above; at 4 days itp_5000's longest wait was 205 h for 20.7 h of mean JCT,
+    # at 8 days 248 h for 19.1 h; every baseline but fifo waits longer).
+    max_wait_s: float = 8 * 86400.0
     # Preemption (policies.preemption): off by default (not measured on the quality grid yet).  A job
     # of a user under their share (factor > 0.5) pending preempt_after_s for devices held by users over
     # theirs (factor < 0.5) may take them from jobs that ran at least min_runtime_s, are preemptible

@@ -17,7 +17,7 @@ from tests.builders import cluster, job
 
 NO_WAIT = PolicyConfig(locality_wait_s=0)
 # The reservation mechanics at once: a blocked job reserves however short its wait (the default
-# waits reserve_min_wait_s, 4 days, and bounds starvation with max_wait_s; tested at the end).
+# waits reserve_min_wait_s, 8 days, and bounds starvation with max_wait_s; tested at the end).
 RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0)
 
 
@@ -450,17 +450,18 @@ def test_reservation_waits_until_the_job_has_been_pending_reserve_min_wait_s() -
     assert d.bindings == {}
 
 
-def starving_gang_snapshot(now_s: float):
+def starving_gang_snapshot(now_s: float, later_s: float = 0.0):
     # Nodes a, b of 4 devices.  Seven 1-device jobs of user carol run, ending at 3700, 3800, ... 4300
     # (a: 4 of them, b: 3, so b has 1 free).  Job 1: user wide's gang of 8 (the whole cluster),
     # pending since t=0; wide's usage is large, so fair share puts it last.  Jobs 2 and 3: x and y,
-    # 1 device for 600 s, pending since 3500 (the stream of small jobs of other users).
+    # 1 device for 600 s, pending since 3500 (the stream of small jobs of other users).  ``later_s``
+    # moves everything but the gang's submission that much later (the gang has then waited longer).
     b = cluster().node("a", free=0).node("b", free=1).usage(wide=1e6, x=0.0, y=0.0, carol=0.0)
     for i in range(7):
-        b.running(10 + i, "carol", {"a" if i < 4 else "b": 1}, end_by_s=3700 + 100 * i)
+        b.running(10 + i, "carol", {"a" if i < 4 else "b": 1}, end_by_s=later_s + 3700 + 100 * i)
     b.pending(job(1, user="wide", ranks=8, submit_s=0),
-              job(2, user="x", submit_s=3500, time_limit_s=600),
-              job(3, user="y", submit_s=3500, time_limit_s=600))
+              job(2, user="x", submit_s=later_s + 3500, time_limit_s=600),
+              job(3, user="y", submit_s=later_s + 3500, time_limit_s=600))
     return b.at(now_s).build()
 
 
@@ -486,3 +487,25 @@ def test_a_cluster_wide_gang_behind_small_jobs_of_others_is_first_once_it_waited
     # first small job that fits nowhere, never to the gang.
     _, d = decided(starving_gang_snapshot(3600), RESERVE_AT_ONCE)
     assert d.order == [2, 3, 1] and d.reservation is not None and d.reservation[0] == 3
+
+
+def test_by_default_the_starvation_bound_and_the_reservation_wait_eight_days() -> None:
+    # The same gang behind the same stream, 8 days (691200 s) later: with the defaults it has the
+    # bound and the reservation only once it has waited 8 days.
+    day8 = 8 * 86400.0
+    cfg = PolicyConfig()
+    assert (cfg.max_wait_s, cfg.reserve_min_wait_s) == (day8, day8)
+    # t = 8 days - 3601 s + 3600 (the stream is at t = later + 3500): the gang has waited 691199 s
+    # (7.99999 days, past the old 4-day default): fair share orders x, y, the gang; x takes b's free
+    # device, nobody reserves.
+    later = day8 - 3601.0
+    _, d = decided(starving_gang_snapshot(later + 3600, later), cfg)
+    assert d.order == [2, 3, 1]
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert d.reservation is None
+    # One second later it has waited 691200 s: first in the order, and it takes the reservation of
+    # a and b from the end of carol's last job (later + 4300 = 691899 s).
+    _, d = decided(starving_gang_snapshot(later + 3601, later), cfg)
+    assert d.order == [1, 2, 3]
+    assert d.reservation == (1, {"a": 4, "b": 4}, later + 4300)
+    assert bound_nodes(d) == {2: {"b": 1}}
