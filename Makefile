@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/gsched demo
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check scheduler agents policies tests benchmarks
