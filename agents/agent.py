@@ -23,7 +23,7 @@ from typing import Any
 
 from agents.dataserver import DataServer, checkpoint_path
 from agents.devices import Devices
-from agents.fence import Fence
+from agents.fence import PIDS, Fence, read_pids
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
@@ -96,7 +96,7 @@ class Agent:
         self._last_scrub = time.monotonic()
         self._last_progress_log = 0.0
         self._pids_lock = threading.Lock()
-        self.fence = Fence(self.data_dir / ".gsched", self._pids_file())  # agents/fence.py
+        self.fence = Fence(self.data_dir / ".gsched")  # agents/fence.py
         self.data = DataServer(host, port, self.data_dir, node, lambda: self.peer_key, self.note_shard,
                                on_nudge=self.report_soon, throttle=self.throttle,
                                tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
@@ -195,7 +195,7 @@ class Agent:
 
     # ------------------------------------------------------------ pids of rank process groups
     def _pids_file(self) -> Path:
-        return self.data_dir / ".gsched" / "pids"
+        return self.data_dir / ".gsched" / PIDS
 
     def remember_pid(self, pid: int) -> None:
         with self._pids_lock:
@@ -208,10 +208,7 @@ class Agent:
             self._pids_file().write_text("\n".join(str(p) for p in sorted(pids)))
 
     def _read_pids(self) -> set[int]:
-        try:
-            return {int(x) for x in self._pids_file().read_text().split() if x.isdigit()}
-        except OSError:
-            return set()
+        return read_pids(self._pids_file())
 
     def kill_leftovers(self) -> None:
         for pid in self._read_pids():

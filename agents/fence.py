@@ -38,6 +38,7 @@ TICK_S = 0.25
 POLL_S = 0.2
 FENCE_FRACTION = 0.6  # of the server's heartbeat TTL: how long a silent agent's ranks live on
 FENCED = "fenced"
+PIDS = "pids"  # DIR/.gsched/pids: the rank process groups the agent started (agents/agent.py keeps it)
 _WIDTH = 64  # the lease is always this many bytes, rewritten in place
 
 
@@ -55,6 +56,7 @@ def read_lease(path: Path) -> tuple[int, float] | None:
 
 
 def read_pids(path: Path) -> set[int]:
+    """The process ids listed in ``path``, one a line (none when it cannot be read)."""
     try:
         return {int(x) for x in path.read_text().split() if x.isdigit()}
     except OSError:
@@ -64,10 +66,9 @@ def read_pids(path: Path) -> set[int]:
 class Fence:
     """The agent's side: the lease it keeps fresh, and the watchdog process it keeps running."""
 
-    def __init__(self, state_dir: Path, pids_file: Path) -> None:
+    def __init__(self, state_dir: Path) -> None:
         self.lease = state_dir / "lease"
         self.fenced_file = state_dir / FENCED
-        self.pids_file = pids_file
         self.after_s: float | None = None
         self.watchdog: subprocess.Popen[bytes] | None = None
         self._fd: int | None = None
@@ -150,7 +151,7 @@ class Fence:
 
 def watch(state_dir: Path, after_s: float, agent_pid: int) -> str:
     """The watchdog's loop; returns why it ended: "released", "replaced" or "fenced"."""
-    lease, pids_file = state_dir / "lease", state_dir / "pids"
+    lease, pids_file = state_dir / "lease", state_dir / PIDS
     seen = time.monotonic()  # a lease that cannot be read at all ages from here
     while True:
         now = time.monotonic()

@@ -21,7 +21,7 @@ import subprocess, sys, time
 from pathlib import Path
 from agents.fence import Fence
 d = Path(sys.argv[1])
-fence = Fence(d, d / "pids")
+fence = Fence(d)
 fence.claim()
 rank = subprocess.Popen(["sleep", "120"], start_new_session=True)
 (d / "pids").write_text(str(rank.pid))
@@ -93,7 +93,7 @@ def test_a_killed_agents_rank_is_stopped(agent) -> None:  # type: ignore[no-unty
 def test_a_new_agent_on_the_node_retires_the_old_watchdog_and_it_kills_nothing(agent) -> None:  # type: ignore[no-untyped-def]
     p, rank, watchdog, d = agent
     os.kill(p.pid, signal.SIGSTOP)
-    new = Fence(d, d / "pids")  # this process claims the node, as a restarted agent does first
+    new = Fence(d)  # this process claims the node, as a restarted agent does first
     new.claim()
     try:
         assert read_lease(d / "lease")[0] == os.getpid()  # type: ignore[index]
