@@ -155,9 +155,12 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
     for node, count in s.execute(select(Device.node, func.count()).where(Device.healthy.is_(True)).group_by(Device.node)):
         healthy[node] = count
     nodes = {}
-    for name, rack, free_bytes in s.execute(select(Node.name, Node.rack, Node.free_bytes)
-                                            .where(Node.state == NodeState.UP, Node.drained_at.is_(None))
-                                            .order_by(Node.name)):  # a drained node takes no new ranks
+    up = set()  # drained ones too: their agents still stop ranks (see the pending jobs below)
+    for name, rack, free_bytes, drained_at in s.execute(select(Node.name, Node.rack, Node.free_bytes, Node.drained_at)
+                                                        .where(Node.state == NodeState.UP).order_by(Node.name)):
+        up.add(name)
+        if drained_at is not None:  # a drained node takes no new ranks
+            continue
         # nor does one whose disk is under the floor; it stays in as a node of no devices, so that the
         # copies it holds are still read (staged from) by ranks placed elsewhere
         devs = 0 if under_floor(free_bytes, disk_floor_bytes) else healthy.get(name, 0)
@@ -203,7 +206,6 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
     # Slurm's COMPLETING): two attempts never run at once, and a preempted job resumes from the checkpoint
     # it wrote on SIGTERM.  On a node that is down they are the node's fence's (agents/fence.py): gone
     # before the TTL that declared it down.
-    up = set(s.scalars(select(Node.name).where(Node.state == NodeState.UP))) if by_job else set()
     pending = []
     for job_id, submitted_at, pending_since, waiting_since, _rev, _array, _cap in pending_rows:
         stopping = by_job.get(job_id)
