@@ -89,3 +89,18 @@ def test_ties_break_by_submit_time_then_id() -> None:
     assert [j.id for j in ordered] == [2, 3, 1]  # equal priority: submit 5, 5, 9; then id 2 < 3
     assert order_key(job(7), 1.5) == (-1.5, 0.0, 7)
     assert not math.isnan(priority(job(7), snap, PolicyConfig()))
+
+
+def test_the_queue_orders_by_the_same_priority_that_priority_gives() -> None:
+    snap = (
+        cluster()
+        .usage(alice=100, bob=10)
+        .pending(job(1, user="alice", submit_s=0, pending_since_s=0), job(2, user="bob", submit_s=10, pending_since_s=500))
+        .pending(job(3, user="carol", submit_s=20, pending_since_s=900))
+        .at(3600)
+        .build()
+    )
+    cfg = PolicyConfig(age_max_s=1800)
+    _, prios, factors = queue_order(snap, cfg)
+    by_user = {j.user: factors[j.id] for j in snap.pending}
+    assert prios == {j.id: priority(j, snap, cfg, by_user) for j in snap.pending}  # exactly: one formula
