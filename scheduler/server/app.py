@@ -22,8 +22,9 @@ then validates.  Who may call what:
   cancel, making data sets and changing the replicas of their own;
 * admin tokens: everything users may do, on every job and data set, plus users and agent tokens.
 
-The gate keeps who a token is for ``AUTH_CACHE_S`` (a heartbeat costs no lookup of its own); every
-write still checks the token again in its own transaction, and removing a user forgets its token here
+The gate keeps who a token is for ``AUTH_CACHE_S`` (an agent's for ``AGENT_AUTH_CACHE_S``, longer than
+a heartbeat period, so a heartbeat costs no lookup of its own); every write, heartbeats included, still
+checks the token again in its own transaction, and removing a user forgets its token here
 at once.  Every error a caller can cause is a 4xx JSON body ``{"detail": message, "field": name-or-null}``
 (``ErrorOut``, documented on every operation).
 """
@@ -48,6 +49,7 @@ from scheduler.server import service as svc
 from scheduler.server.api_models import ErrorOut
 from scheduler.server.auth import Identity, hash_token
 from scheduler.server.context import ServerContext
+from scheduler.server.quiet import Settled
 from scheduler.server.routes import accounts, agents, cluster, datasets, jobs, users
 from scheduler.server.routes.base import ANY_TOKEN, MISSING_TOKEN, PUBLIC, Access
 from scheduler.store.batching import WriteBatcher
@@ -60,18 +62,23 @@ ERRORS: dict[int | str, dict[str, Any]] = {
                        (413, "Request body too large"), (422, "Invalid field (named in `field`)"))
 }
 AUTH_CACHE_S = 5.0  # how long the gate trusts what it last read about a token
+# ... about an agent's token: longer than a heartbeat period, or every heartbeat looked its token up
+# again.  An agent may only heartbeat (and ask whoami), and the heartbeat checks its token again in
+# its own transaction, so a removed agent token is refused at its next heartbeat all the same.
+AGENT_AUTH_CACHE_S = 300.0
 RESOURCES = (cluster, users, accounts, agents, datasets, jobs)  # the route modules, in the order their routes are added
 
 
 class Identities:
     """Who a token is: looked up with ``lookup`` in a worker thread, and positive answers kept for
-    ``ttl`` seconds (unknown tokens are looked up each time).  ``forget`` drops a user's entries, and
+    ``ttl`` seconds (``agent_ttl`` for an agent's; unknown tokens are looked up each time).  ``forget`` drops a user's entries, and
     a lookup that was under way when it was called is not kept."""
 
     def __init__(self, lookup: Callable[[str], Identity | None], ttl: float = AUTH_CACHE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, agent_ttl: float = AGENT_AUTH_CACHE_S) -> None:
         self.lookup = lookup
         self.ttl = ttl
+        self.agent_ttl = agent_ttl
         self.clock = clock
         self._known: dict[str, tuple[Identity, float]] = {}
         self._lock = threading.Lock()
@@ -91,7 +98,7 @@ class Identities:
             elif generation == self._generation:
                 if len(self._known) > 10000:  # only valid tokens get here: this only sheds expired ones
                     self._known = {k: v for k, v in self._known.items() if v[1] > now}
-                self._known[key] = (me, now + self.ttl)
+                self._known[key] = (me, now + (self.agent_ttl if me.is_agent else self.ttl))
         return me
 
     def forget(self, name: str) -> None:
@@ -217,6 +224,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     # the event loop instead of holding one of the forty request threads.
     ctx.heartbeats = WriteBatcher(db, ctx.clock.now, "heartbeat")
     ctx.submits = WriteBatcher(db, ctx.clock.now, "submit")
+    ctx.settled = Settled()
 
     def lookup(token: str) -> Identity | None:
         with db.read() as s:

@@ -37,6 +37,7 @@ class ServerContext:
     heartbeats: Any = None  # WriteBatchers, made by create_app
     submits: Any = None
     identities: Any = None  # the gate's token cache (app.Identities), made by create_app
+    settled: Any = None  # what each node's last whole heartbeat wrote (quiet.Settled), made by create_app
     server_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
     _leader: bool = False

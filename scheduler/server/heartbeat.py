@@ -54,6 +54,7 @@ from scheduler.protocol.messages import (
 )
 from scheduler.protocol.peers import peer_host
 from scheduler.server.auth import Identity
+from scheduler.server.quiet import Settled
 from scheduler.server.retention import ended_jobs
 from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
 from scheduler.store.effects import move
@@ -81,10 +82,12 @@ IN_CHUNK = 500  # ids in one ``IN (...)`` list (SQLite's limit on bound paramete
 
 
 def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, failure_grace_s: float = 0.0,
-                      single_team: bool = False, disk_floor_bytes: int = 0) -> dict[str, Any]:
+                      single_team: bool = False, disk_floor_bytes: int = 0,
+                      settled: Settled | None = None) -> dict[str, Any]:
     """``single_team``: the server's ``run_as_agent_user`` (a [run] job runs as the agent's account).
     ``disk_floor_bytes``: the server's disk floor; a node crossing it is recorded (``node.low_disk``,
-    ``node.disk_ok``), and nodes under it are no mirror peers (``_peers``)."""
+    ``node.disk_ok``), and nodes under it are no mirror peers (``_peers``).  ``settled``: told what
+    this heartbeat wrote of the node once it is committed (``scheduler.server.quiet``)."""
     if not who.is_agent or who.name != hb.node:
         raise Forbidden(f"this token may not report for node {hb.node!r}")
     node = s.get(Node, hb.node)
@@ -127,6 +130,8 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
     out = _reply(s, hb.node, kill, here, single_team, jobs, disk_floor_bytes)
     if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
         out["ended"] = ended_jobs(s, now, hb.job_dirs)
+    if settled is not None:
+        settled.after_commit(s, hb)
     return out
 
 

@@ -11,6 +11,10 @@ the other calls of the batch go on.  A batch holds at most ``max_batch`` calls, 
 holds the write lock (about 1.5 ms a heartbeat).  Any other exception (or a ``RequestError`` raised after writing)
 rolls the whole batch back, and each call is then run again alone in its own transaction, so one
 failing call never takes its neighbours with it and nothing is applied twice.
+
+A call that must know its writes were committed (``scheduler.server.quiet.Settled``) appends a function
+to ``session.info["after_commit"]``: they are run, in order, once the batch's transaction committed,
+and dropped with it when it rolls back.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class WriteBatcher:
 
     def _run(self, batch: list[tuple[Call, Future[Any]]]) -> None:
         outcomes: list[tuple[bool, Any]] = []
+        hooks: list[Callable[[], None]] = []
         try:
             with self.db.session() as s:
                 for fn, _ in batch:
@@ -89,6 +94,7 @@ class WriteBatcher:
                         if _pending(s) != before:
                             raise  # it wrote (or flushed) before refusing: the batch cannot keep its writes
                         outcomes.append((False, e))
+                hooks = s.info.get("after_commit", [])
         except Exception as e:  # noqa: BLE001 - every caller must get an answer
             if len(batch) > 1:
                 log.warning("%s batch of %d failed (%s): running each call alone", self.name, len(batch), e)
@@ -97,6 +103,8 @@ class WriteBatcher:
             else:
                 batch[0][1].set_exception(e)
             return
+        for hook in hooks:  # the transaction committed: what the calls asked to learn of it
+            hook()
         self.batches += 1
         self.calls += len(batch)
         for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):

@@ -247,6 +247,7 @@ class Transfer(Base):
     """Bytes moved between nodes: staging for a job, or re-replication (job_id NULL)."""
 
     __tablename__ = "transfers"
+    __table_args__ = (Index("ix_transfers_dst_state", "dst", "state"),)  # a node's open orders (heartbeats)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     dataset: Mapped[str] = mapped_column(String(64))

@@ -252,3 +252,26 @@ def test_a_batch_of_submits_writes_its_events_at_commit_and_a_rollback_loses_the
     with db.read() as s:
         assert s.get(Job, lost) is None
         assert s.scalar(select(func.count()).select_from(Event).where(Event.job_id == lost)) == 0
+
+
+def test_after_commit_hooks_run_once_the_batch_committed_and_never_for_a_batch_rolled_back(db: Database) -> None:
+    batcher = WriteBatcher(db, FakeClock(5.0).now, "t")
+    ran: list[str] = []
+
+    def hooked(tag: str, fail: bool = False):  # type: ignore[no-untyped-def]
+        def call(s, now):  # type: ignore[no-untyped-def]
+            write(tag)(s, now)
+            s.info.setdefault("after_commit", []).append(lambda: ran.append(f"{tag}: {events(db)}"))
+            if fail:
+                raise RuntimeError("after writing")
+            return tag
+        return call
+
+    try:
+        assert batcher.submit(hooked("kept")).result(timeout=10) == "kept"
+        with pytest.raises(RuntimeError):
+            batcher.submit(hooked("lost", fail=True)).result(timeout=10)
+    finally:
+        batcher.close()
+    assert ran == ["kept: ['kept']"]  # run after the commit (a new read sees the write); the failed call's never
+    assert events(db) == ["kept"]

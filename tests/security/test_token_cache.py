@@ -70,3 +70,19 @@ def test_a_lookup_under_way_when_a_user_is_removed_is_not_kept() -> None:
         assert lookups.calls == ["a", "a"]
 
     asyncio.run(run())
+
+
+def test_an_agents_token_is_kept_longer_than_a_heartbeat_period_and_a_users_is_not() -> None:
+    now = [100.0]
+    lookups = Lookups()
+    ids = Identities(lookups, ttl=5.0, clock=lambda: now[0], agent_ttl=300.0)
+
+    async def run() -> None:
+        assert await ids("n") == NODE and await ids("a") == ALICE
+        now[0] += 6  # one heartbeat period later: the agent's is still known, the user's looked up again
+        assert await ids("n") == NODE and await ids("a") == ALICE
+        assert lookups.calls == ["n", "a", "a"]
+        now[0] += 300
+        assert await ids("n") == NODE and lookups.calls == ["n", "a", "a", "n"]
+
+    asyncio.run(run())

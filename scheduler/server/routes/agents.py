@@ -3,7 +3,9 @@ agent token (admins).
 
 A heartbeat names its node in its body: the route reads the JSON, refuses another node's agent (403)
 before looking at the rest, then validates.  Heartbeats are queued to the group commit
-(``ctx.heartbeats``, ``scheduler.store.batching``) and awaited on the event loop."""
+(``ctx.heartbeats``, ``scheduler.store.batching``) and awaited on the event loop.  A quiet heartbeat of a
+node with nothing to do is answered by ``scheduler.server.quiet`` (one read, one write); the others by
+``scheduler.server.heartbeat``."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from scheduler.protocol.messages import Heartbeat
 from scheduler.server import service as svc
 from scheduler.server.api_models import AgentTokenIn
 from scheduler.server.heartbeat import process_heartbeat
+from scheduler.server.quiet import quiet_heartbeat
 from scheduler.server.routes.base import (
     ADMIN,
     AGENT,
@@ -46,9 +49,13 @@ async def heartbeat(request: Request) -> JSONResponse:
     body = validated(Heartbeat, data)
 
     def call(s: Any, now: float) -> dict[str, Any]:
+        floor = ctx.settings.disk_floor_bytes
+        quick = quiet_heartbeat(s, now, token, body, ctx.settled, floor)
+        if quick is not None:
+            return quick
         return process_heartbeat(s, now, known(s, token), body, ctx.settings.heartbeat_ttl_s,
-                                 single_team=ctx.settings.run_as_agent_user,
-                                 disk_floor_bytes=ctx.settings.disk_floor_bytes)
+                                 single_team=ctx.settings.run_as_agent_user, disk_floor_bytes=floor,
+                                 settled=ctx.settled)
 
     reply = await asyncio.wrap_future(ctx.heartbeats.submit(call))
     if any(r.state in RANK_FINAL for r in body.ranks):
