@@ -7,6 +7,7 @@ What the running server holds is a ``ServerContext`` (``scheduler.server.context
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -76,6 +77,11 @@ def serve(settings: Settings) -> None:
     ctx.scheduler = sched
     sched.start()
     app = create_app(ctx)
+    # What is made so far (modules, the app, its routes and models: about 130,000 objects) lives as long
+    # as the process.  Frozen, the collector no longer walks it: a full collection took 70-90 ms with
+    # it and 5-30 ms without, and at 1,000 heartbeats a second every request waited for each one.
+    gc.collect()
+    gc.freeze()
     log.info("gsched server on %s://%s:%d (db %s)", settings.scheme, settings.host, settings.port,
              _redact(settings.db_url))
     tls: dict[str, Any] = (
