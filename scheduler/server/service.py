@@ -231,9 +231,26 @@ SUBMITTED = Reason(ReasonKind.NEW, "submitted")  # a new job's reason until its 
 def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
                dependency: str | None = None, array: str | None = None,
                single_team: bool = False, non_preemptible: Sequence[str] = ()) -> tuple[int, bool]:
-    """Validate and store a job as PENDING.  Returns (job id, created).  Does no scheduling.
+    """``stage_job``, flushed: (the job's id, created)."""
+    job, created = stage_job(s, now, who, spec_doc, client_request_id, dependency, array, single_team,
+                             non_preemptible)
+    s.flush()
+    return job.id, created
 
-    With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry).
+
+def stage_job(s: Session, now: float, who: Identity, spec_doc: Any, client_request_id: str | None,
+              dependency: str | None = None, array: str | None = None,
+              single_team: bool = False, non_preemptible: Sequence[str] = ()) -> tuple[Job, bool]:
+    """Validate and add a job as PENDING.  Returns (the job, created).  Does no scheduling.
+
+    The job is added, not flushed (an array's first job is: its id names the array): the submits of one
+    group commit are written in one INSERT when it commits, and each job has its id from then on
+    (``expire_on_commit`` is off).  Its ``job.submit`` event is written at commit too.
+
+    With a ``client_request_id`` already used by this user, returns that job instead (idempotent retry),
+    one of this transaction's not yet written included.  Two retries racing in two transactions: the
+    unique (user, client_request_id) fails the second's commit; its group commit then runs each call
+    alone (``WriteBatcher``), and the retry finds the first's job.
     ``dependency`` (sbatch's ``--dependency``) must name jobs that exist; the job is not scheduled until
     it is met (``upkeep.settle_dependencies``).  ``array`` (sbatch's ``--array``, ``0-9%4``) makes one job
     per index, the same but for it; the id returned is the first's, which is the array's id
@@ -245,9 +262,13 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
     """
     require_person(who)
     if client_request_id is not None:
-        existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
+        existing = next((j for j in s.new if isinstance(j, Job) and j.user == who.name
+                         and j.client_request_id == client_request_id), None)
+        if existing is None:
+            with s.no_autoflush:  # this transaction's new jobs were looked at above
+                existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
         if existing is not None:
-            return existing.id, False
+            return existing, False
     try:
         spec = validate_spec(spec_doc)
     except JobSpecError as e:
@@ -282,23 +303,9 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
               client_request_id=client_request_id, submitted_at=now, pending_since=now,
               explain={"why": why.as_dict()}, progress={}, dependency=[list(d) for d in deps] or None,
               deps_met=not deps)
-    if client_request_id is not None:
-        # Two retries racing: the unique (user, client_request_id) lets only one insert win.
-        from sqlalchemy.exc import IntegrityError
-
-        try:
-            with s.begin_nested():
-                s.add(job)
-                s.flush()
-        except IntegrityError:
-            existing = s.scalar(select(Job).where(Job.user == who.name, Job.client_request_id == client_request_id))
-            if existing is None:
-                raise
-            return existing.id, False
-    else:
-        s.add(job)
-        s.flush()
+    s.add(job)
     if indexes:
+        s.flush()
         job.array_job_id, job.array_index, job.array_count = job.id, indexes[0], len(indexes)
         job.array_max_running = max_running
         for index in indexes[1:]:
@@ -308,8 +315,8 @@ def submit_job(s: Session, now: float, who: Identity, spec_doc: Any, client_requ
                       array_count=len(indexes), array_max_running=max_running))
         s.flush()
     record_at_commit(s, now, who.actor, "job.submit", f"{spec.name}: {spec.resources.ranks}x{spec.resources.gpus_per_rank} on "
-           f"{spec.dataset or 'no data'}" + (" (own command)" if spec.run else ""), job_id=job.id)
-    return job.id, True
+           f"{spec.dataset or 'no data'}" + (" (own command)" if spec.run else ""), job=job)
+    return job, True
 
 
 def array_members(s: Session, array_job_id: int) -> list[int]:

@@ -10,7 +10,9 @@ Contract for ``fn``: it may raise ``RequestError`` (a 4xx for its caller) only *
 the other calls of the batch go on.  A batch holds at most ``max_batch`` calls, which bounds how long it
 holds the write lock (about 1.5 ms a heartbeat).  Any other exception (or a ``RequestError`` raised after writing)
 rolls the whole batch back, and each call is then run again alone in its own transaction, so one
-failing call never takes its neighbours with it and nothing is applied twice.
+failing call never takes its neighbours with it and nothing is applied twice.  A call alone that fails
+on an ``IntegrityError`` (its commit conflicted with another transaction's, as two retries of one
+submit racing) is run once more: it then sees the other's rows.
 
 A call that must know its writes were committed (``scheduler.server.quiet.Settled``) appends a function
 to ``session.info["after_commit"]``: they are run, in order, once the batch's transaction committed,
@@ -25,6 +27,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+from sqlalchemy.exc import IntegrityError
 
 from scheduler.core.errors import RequestError
 from scheduler.store.db import Database
@@ -81,7 +85,7 @@ class WriteBatcher:
             if live:
                 self._run(live)
 
-    def _run(self, batch: list[tuple[Call, Future[Any]]]) -> None:
+    def _run(self, batch: list[tuple[Call, Future[Any]]], again: bool = False) -> None:
         outcomes: list[tuple[bool, Any]] = []
         hooks: list[Callable[[], None]] = []
         try:
@@ -100,6 +104,11 @@ class WriteBatcher:
                 log.warning("%s batch of %d failed (%s): running each call alone", self.name, len(batch), e)
                 for one in batch:
                     self._run([one])
+            elif isinstance(e, IntegrityError) and not again:
+                # a conflict with another transaction's commit (two retries of one submit racing): run
+                # once more, and the call sees what that transaction wrote
+                log.info("%s call conflicted with another transaction (%s): running it again", self.name, e.orig)
+                self._run(batch, again=True)
             else:
                 batch[0][1].set_exception(e)
             return

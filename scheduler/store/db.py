@@ -30,7 +30,8 @@ from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-AT_COMMIT = "add_at_commit"  # Session.info: rows a write session adds as it commits (effects.record_at_commit)
+AT_COMMIT = "add_at_commit"  # Session.info: rows (or functions making them) a write session adds as it commits
+# (effects.record_at_commit)
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -189,9 +190,14 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
 
 
 def _add_at_commit(session: Session) -> None:
+    """Add the rows ``record_at_commit`` kept.  One that is a function makes its row from what the
+    flush gives (a new job's id): the session is flushed first, then the rows added (the commit flushes
+    them, in one INSERT)."""
     rows = session.info.pop(AT_COMMIT, None)
     if rows:
-        session.add_all(rows)
+        if any(callable(r) for r in rows):
+            session.flush()
+        session.add_all([r() if callable(r) else r for r in rows])
 
 
 def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]

@@ -38,13 +38,19 @@ def record(s: Session, now: float, actor: str, kind: str, message: str = "",
 
 
 def record_at_commit(s: Session, now: float, actor: str, kind: str, message: str = "",
-                     job_id: int | None = None, node: str | None = None) -> None:
+                     job_id: int | None = None, node: str | None = None, job: Job | None = None) -> None:
     """``record``, but the event joins the session only as its transaction commits (``Database``
     adds them then): a group commit's submits write their events in one INSERT at the end, where each
     was written by the next submit's flush, a statement (a round trip to PostgreSQL) each.  Lost with
-    the transaction when it rolls back, as any write; not seen by a query of the same transaction."""
+    the transaction when it rolls back, as any write; not seen by a query of the same transaction.
+    ``job``: a job added but not flushed yet, whose id the event takes once the commit's flush gave it one."""
+    if job is not None and job.id is None:
+        s.info.setdefault(AT_COMMIT, []).append(
+            lambda: Event(time=now, actor=actor, kind=kind, message=message, job_id=job.id, node=node))
+        return
     s.info.setdefault(AT_COMMIT, []).append(
-        Event(time=now, actor=actor, kind=kind, message=message, job_id=job_id, node=node))
+        Event(time=now, actor=actor, kind=kind, message=message, job_id=job.id if job is not None else job_id,
+              node=node))
 
 
 def move(s: Session, now: float, job: Job, to: JobState, reason: str, **context: Any) -> None:

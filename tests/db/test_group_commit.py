@@ -275,3 +275,73 @@ def test_after_commit_hooks_run_once_the_batch_committed_and_never_for_a_batch_r
         batcher.close()
     assert ran == ["kept: ['kept']"]  # run after the commit (a new read sees the write); the failed call's never
     assert events(db) == ["kept"]
+
+
+SUBMIT = {"name": "j", "resources": {"ranks": 1, "gpus_per_rank": 1}, "limits": {"time": "1h"},
+          "run": {"command": ["true"]}}
+ALICE = Identity("user", "alice")
+
+
+def _users_and_a_node(db: Database) -> None:
+    with db.session() as s:
+        svc.add_user(s, 1.0, None, "alice", 1)
+        process_heartbeat(s, 1.0, Identity("agent", "n1"), Heartbeat.model_validate(
+            {"node": "n1", "address": "127.0.0.1:9", "incarnation": "a", "devices": [{"index": 0}]}))
+
+
+def stage(request_id: str | None):  # type: ignore[no-untyped-def]
+    """What the submit route queues: the job staged, its id read after the commit."""
+    def call(s, now):  # type: ignore[no-untyped-def]
+        job, created = svc.stage_job(s, now, ALICE, SUBMIT, request_id, single_team=True)
+        return job, created
+    return call
+
+
+def test_a_batchs_submits_are_written_at_its_commit_with_their_ids_and_events(db: Database) -> None:
+    _users_and_a_node(db)
+    batcher = WriteBatcher(db, FakeClock(5.0).now, "t")
+    gate, entered = threading.Event(), threading.Event()
+    hold = batcher.submit(lambda s, now: entered.set() or gate.wait(10))
+    assert entered.wait(10)
+    futures = [batcher.submit(stage(rid)) for rid in (None, "r1", None, "r1")]  # the last: a retry of the second
+    gate.set()
+    hold.result(10)
+    out = [f.result(10) for f in futures]
+    batcher.close()
+    assert batcher.batches == 2
+    ids = [job.id for job, _ in out]
+    assert [created for _, created in out] == [True, True, True, False]
+    assert ids[3] == ids[1] and len(set(ids)) == 3 and all(isinstance(i, int) for i in ids)
+    with db.read() as s:
+        assert sorted(s.scalars(select(Job.id))) == sorted(set(ids))
+        assert sorted(s.scalars(select(Event.job_id).where(Event.kind == "job.submit"))) == sorted(set(ids))
+
+
+def test_two_transactions_racing_with_one_request_id_store_one_job(db: Database) -> None:
+    """Under PostgreSQL two transactions can both find no job with the id and both insert one: the
+    second's commit fails on the unique (user, client_request_id), its batch runs each call alone, and
+    the retry finds the first's job.  (Under SQLite the writer lock runs the transactions one after
+    the other: the second finds the first's job, as the test of a plain retry shows.)"""
+    if db.is_sqlite:
+        pytest.skip("SQLite's writer lock serialises the two transactions: they cannot race")
+    _users_and_a_node(db)
+    batcher = WriteBatcher(db, FakeClock(5.0).now, "t")
+
+    runs: list[bool] = []
+
+    def racing(s, now):  # type: ignore[no-untyped-def]
+        job, created = stage("r1")(s, now)
+        runs.append(created)
+        if len(runs) == 1:  # staged, not written: now the other transaction commits the same request
+            with db.session() as other:
+                svc.submit_job(other, now, ALICE, SUBMIT, "r1", single_team=True)
+        return job, created
+
+    try:
+        job, created = batcher.submit(racing).result(30)
+    finally:
+        batcher.close()
+    with db.read() as s:
+        stored = list(s.scalars(select(Job.id)))
+    assert runs == [True, False]  # the conflict ran the call again, and it found the other's job
+    assert (stored, created) == ([job.id], False)

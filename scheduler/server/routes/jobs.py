@@ -44,13 +44,16 @@ async def submit(body: JobSubmit, request: Request) -> JSONResponse:
     ctx = context(request)
     token = bearer(request)
 
-    def call(s: Any, now: float) -> tuple[int, bool, list[int]]:
-        job_id, created = svc.submit_job(s, now, known(s, token), body.spec, body.client_request_id,
-                                         body.dependency, body.array, single_team=ctx.settings.run_as_agent_user,
-                                         non_preemptible=ctx.settings.non_preemptible_users)
-        return job_id, created, svc.array_members(s, job_id) if body.array else [job_id]
+    def call(s: Any, now: float) -> tuple[Any, bool, list[int] | None]:
+        job, created = svc.stage_job(s, now, known(s, token), body.spec, body.client_request_id,
+                                     body.dependency, body.array, single_team=ctx.settings.run_as_agent_user,
+                                     non_preemptible=ctx.settings.non_preemptible_users)
+        return job, created, svc.array_members(s, job.id) if body.array else None  # an array's are flushed
 
-    job_id, created, ids = await asyncio.wrap_future(ctx.submits.submit(call))
+    # the job is written with the batch's commit, which gives it its id (stage_job)
+    job, created, ids = await asyncio.wrap_future(ctx.submits.submit(call))
+    job_id = job.id
+    ids = ids or [job_id]
     if created:
         ctx.poke()
     return JSONResponse({"id": job_id, "created": created, "ids": ids}, status_code=201 if created else 200)
