@@ -223,7 +223,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     # thread that commits them in batches (scheduler/store/batching.py), and the route awaits its answer on
     # the event loop instead of holding one of the forty request threads.
     ctx.heartbeats = WriteBatcher(db, ctx.clock.now, "heartbeat")
-    ctx.submits = WriteBatcher(db, ctx.clock.now, "submit")
+    ctx.submits = WriteBatcher(db, ctx.clock.now, "submit", linger_s=0.001)
     ctx.settled = Settled()
 
     def lookup(token: str) -> Identity | None:

@@ -14,6 +14,11 @@ failing call never takes its neighbours with it and nothing is applied twice.  A
 on an ``IntegrityError`` (its commit conflicted with another transaction's, as two retries of one
 submit racing) is run once more: it then sees the other's rows.
 
+``linger_s`` (PostgreSQL's ``commit_delay``, for the same reason): when the last batch held more than one
+call, the thread waits that long before taking the next, so the calls under way join it.  A lone call
+never waits.  Submits linger 1 ms: with eight clients the batches held one or two submits, each batch
+paying its token check, data-set read and two INSERTs (PostgreSQL: 650 -> 760 submits/s).
+
 A call that must know its writes were committed (``scheduler.server.quiet.Settled``) appends a function
 to ``session.info["after_commit"]``: they are run, in order, once the batch's transaction committed,
 and dropped with it when it rolls back.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -39,11 +45,14 @@ Call = Callable[[Any, float], Any]
 
 
 class WriteBatcher:
-    def __init__(self, db: Database, clock: Callable[[], float], name: str, max_batch: int = 16) -> None:
+    def __init__(self, db: Database, clock: Callable[[], float], name: str, max_batch: int = 16,
+                 linger_s: float = 0.0) -> None:
         self.db = db
         self.clock = clock
         self.name = name
         self.max_batch = max_batch
+        self.linger_s = linger_s
+        self._busy = False  # the last batch held more than one call
         self._queue: queue.SimpleQueue[tuple[Call, Future[Any]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -72,6 +81,8 @@ class WriteBatcher:
             if item is None:
                 return
             batch = [item]
+            if self._busy and self.linger_s > 0:
+                time.sleep(self.linger_s)  # under load: let the calls on their way join this batch
             while len(batch) < self.max_batch:
                 try:
                     nxt = self._queue.get_nowait()
@@ -81,6 +92,7 @@ class WriteBatcher:
                     self._queue.put(None)  # finish this batch, then stop
                     break
                 batch.append(nxt)
+            self._busy = len(batch) > 1
             live = [(fn, fut) for fn, fut in batch if fut.set_running_or_notify_cancel()]
             if live:
                 self._run(live)

@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import create_engine, event, exc
+from sqlalchemy import create_engine, event, exc, insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-AT_COMMIT = "add_at_commit"  # Session.info: rows (or functions making them) a write session adds as it commits
-# (effects.record_at_commit)
+from scheduler.store.models import Event
+
+AT_COMMIT = "add_at_commit"  # Session.info: events (column dicts, or functions making one) a write session
+# writes as it commits (effects.record_at_commit)
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -190,14 +192,14 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
 
 
 def _add_at_commit(session: Session) -> None:
-    """Add the rows ``record_at_commit`` kept.  One that is a function makes its row from what the
-    flush gives (a new job's id): the session is flushed first, then the rows added (the commit flushes
-    them, in one INSERT)."""
+    """Write the events ``record_at_commit`` kept, in one INSERT (no ORM objects: nothing reads them
+    back).  One that is a function makes its row from what the flush gives (a new job's id): the
+    session is flushed first."""
     rows = session.info.pop(AT_COMMIT, None)
     if rows:
         if any(callable(r) for r in rows):
             session.flush()
-        session.add_all([r() if callable(r) else r for r in rows])
+        session.execute(insert(Event.__table__), [r() if callable(r) else r for r in rows])
 
 
 def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]

@@ -44,13 +44,12 @@ def record_at_commit(s: Session, now: float, actor: str, kind: str, message: str
     was written by the next submit's flush, a statement (a round trip to PostgreSQL) each.  Lost with
     the transaction when it rolls back, as any write; not seen by a query of the same transaction.
     ``job``: a job added but not flushed yet, whose id the event takes once the commit's flush gave it one."""
+    row = {"time": now, "actor": actor, "kind": kind, "message": message, "node": node,
+           "job_id": job.id if job is not None else job_id}
     if job is not None and job.id is None:
-        s.info.setdefault(AT_COMMIT, []).append(
-            lambda: Event(time=now, actor=actor, kind=kind, message=message, job_id=job.id, node=node))
-        return
-    s.info.setdefault(AT_COMMIT, []).append(
-        Event(time=now, actor=actor, kind=kind, message=message, job_id=job.id if job is not None else job_id,
-              node=node))
+        s.info.setdefault(AT_COMMIT, []).append(lambda: {**row, "job_id": job.id})
+    else:
+        s.info.setdefault(AT_COMMIT, []).append(row)
 
 
 def move(s: Session, now: float, job: Job, to: JobState, reason: str, **context: Any) -> None:
