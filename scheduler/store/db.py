@@ -25,8 +25,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
-from sqlalchemy import create_engine, event, exc, insert
+from sqlalchemy import Table, create_engine, event, exc, insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -199,7 +200,7 @@ def _add_at_commit(session: Session) -> None:
     if rows:
         if any(callable(r) for r in rows):
             session.flush()
-        session.execute(insert(Event.__table__), [r() if callable(r) else r for r in rows])
+        session.execute(insert(cast(Table, Event.__table__)), [r() if callable(r) else r for r in rows])
 
 
 def _refuse_flush(session: Session, _context, _instances) -> None:  # type: ignore[no-untyped-def]
