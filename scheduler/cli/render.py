@@ -316,6 +316,9 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
                 "after this decision")
     for words in doc.get("preemptions") or []:
         c.print(f"preemption: {words}")
+    if doc.get("stopping"):
+        c.print("waits first for its last attempt's ranks to stop: " + ", ".join(
+            f"rank {x['rank']} on {x['node']} ({x['state']})" for x in doc["stopping"]))
     if doc.get("left_out"):
         c.print("nodes left out (no new ranks): " + "; ".join(f"{o['node']} ({o['reason']})" for o in doc["left_out"]))
     if doc.get("candidates"):

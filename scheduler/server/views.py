@@ -8,13 +8,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.core.errors import Unprocessable
-from scheduler.core.lifecycle import FINAL, PREEMPTING_EVENT, JobState, NodeState
+from scheduler.core.lifecycle import FINAL, PREEMPTING_EVENT, RANK_FINAL, JobState, NodeState
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server.accounts import share_tree_rows
 from scheduler.server.auth import Identity
 from scheduler.server.jobfilter import JobFilter
 from scheduler.server.service import node_rows, pending_why, queue_rows
-from scheduler.store.models import Event, Job
+from scheduler.store.models import Event, Job, Node, Rank
 
 
 def share_rows(s: Session, now: float, policy: PolicyConfig) -> list[dict[str, Any]]:
@@ -60,7 +60,9 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
     candidate has its ``reason`` words and, as data, its ``why``.  ``preemptions``: while the job is
     pending, the words of each ``job.preempting`` event since it last became pending (the jobs preempted
     for it, and why), oldest first.  ``left_out``: while the job is pending, the up nodes that take no
-    new ranks now, each ``{"node", "reason"}`` (drained, or free disk under ``disk_floor_bytes``)."""
+    new ranks now, each ``{"node", "reason"}`` (drained, or free disk under ``disk_floor_bytes``).
+    ``stopping``: while the job is pending, its ranks of the last attempt not stopped yet on nodes that
+    are up (``stopping_ranks``): the cycle binds it again only once there are none."""
     ex = job.explain or {}
     why = pending_why(job)
     preemptions = [] if job.state != JobState.PENDING else list(s.scalars(
@@ -72,8 +74,21 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
             "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
             "preemptions": preemptions, "left_out": left_out_nodes(s, disk_floor_bytes) if job.state == JobState.PENDING else [],
+            "stopping": stopping_ranks(s, job),
             "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
             "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}
+
+
+def stopping_ranks(s: Session, job: Job) -> list[dict[str, Any]]:
+    """A pending job's ranks that have not stopped yet on nodes that are up, each ``{"node", "rank",
+    "attempt", "state"}``: the rule of ``scheduler.store.snapshot_reader`` (Slurm's COMPLETING), which
+    keeps such a job out of the cycle until they are gone, so two attempts never run at once."""
+    if job.state != JobState.PENDING:
+        return []
+    rows = s.execute(select(Rank.node, Rank.rank, Rank.attempt, Rank.state).join(Node, Node.name == Rank.node)
+                     .where(Rank.job_id == job.id, Rank.state.not_in(RANK_FINAL), Node.state == NodeState.UP)
+                     .order_by(Rank.node, Rank.rank))
+    return [{"node": node, "rank": rank, "attempt": attempt, "state": state} for node, rank, attempt, state in rows]
 
 
 def left_out_nodes(s: Session, disk_floor_bytes: int) -> list[dict[str, str]]:

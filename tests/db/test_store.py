@@ -23,6 +23,7 @@ from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle
 from scheduler.server.heartbeat import process_heartbeat
+from scheduler.server.views import explain_view
 from scheduler.store import binder
 from scheduler.store.binder import bind, bind_all
 from scheduler.store.db import Database
@@ -314,6 +315,9 @@ def test_a_requeued_job_is_bound_again_only_once_its_last_attempts_ranks_have_st
     assert job_id not in report.bound  # two devices are free, but attempt 1's rank 1 still runs on an up node
     with db.session() as s:
         assert s.get(Job, job_id).attempt == 1
+        # and `gsched explain` says what it waits for
+        assert explain_view(s, s.get(Job, job_id))["stopping"] == [
+            {"node": other, "rank": 1, "attempt": 1, "state": "KILLING"}]
     if then == "the rank is reported stopped":
         with db.session() as s:
             process_heartbeat(s, clock.advance(1), Identity("agent", other), heartbeat(other, ranks=[
@@ -325,6 +329,8 @@ def test_a_requeued_job_is_bound_again_only_once_its_last_attempts_ranks_have_st
                 with db.session() as s:
                     process_heartbeat(s, clock.now(), Identity("agent", n), heartbeat(n))
         run_cycle(db, settings(), clock.advance(6))  # the other node is down now (12 s > 10 s)
+    with db.session() as s:
+        assert explain_view(s, s.get(Job, job_id))["stopping"] == []  # stopped, or on a node that is down
     report = run_cycle(db, settings(), clock.advance(1))
     with db.session() as s:
         assert s.get(Job, job_id).state == "BOUND" and s.get(Job, job_id).attempt == 2
