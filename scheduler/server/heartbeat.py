@@ -19,7 +19,6 @@ Processing the same heartbeat twice is harmless: updates are absolute, and log t
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -47,13 +46,13 @@ from scheduler.protocol.messages import (
     Heartbeat,
     HeartbeatReply,
     Kill,
-    Peer,
     Resume,
     ShardSource,
     TransferOrder,
 )
 from scheduler.protocol.peers import peer_host
 from scheduler.server.auth import Identity
+from scheduler.server.mirrors import mirror_peers
 from scheduler.server.quiet import Settled
 from scheduler.server.retention import ended_jobs
 from scheduler.server.service import forget_cluster_limits, peer_key, record, requeue_job
@@ -86,7 +85,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
                       settled: Settled | None = None) -> dict[str, Any]:
     """``single_team``: the server's ``run_as_agent_user`` (a [run] job runs as the agent's account).
     ``disk_floor_bytes``: the server's disk floor; a node crossing it is recorded (``node.low_disk``,
-    ``node.disk_ok``), and nodes under it are no mirror peers (``_peers``).  ``settled``: told what
+    ``node.disk_ok``), and nodes under it are no mirror peers (``mirrors.mirror_peers``).  ``settled``: told what
     this heartbeat wrote of the node once it is committed (``scheduler.server.quiet``)."""
     if not who.is_agent or who.name != hb.node:
         raise Forbidden(f"this token may not report for node {hb.node!r}")
@@ -131,7 +130,7 @@ def process_heartbeat(s: Session, now: float, who: Identity, hb: Heartbeat, fail
     if hb.job_dirs is not None:  # the agent's job retention asks which of its jobs' directories may go
         out["ended"] = ended_jobs(s, now, hb.job_dirs)
     if settled is not None:
-        settled.after_commit(s, hb)
+        settled.after_commit(s, hb, {(r.job_id, r.attempt, r.rank): r.id for r in here if r.state == RankState.RUNNING})
     return out
 
 
@@ -441,25 +440,6 @@ class _NodeBook:
         return self.rows.get(name, ("", ""))[1] == NodeState.UP
 
 
-MIRROR_PEERS = 3
-
-
-def _peers(s: Session, node_name: str, disk_floor_bytes: int = 0) -> list[Peer]:
-    """Where this node should mirror its checkpoints: up to ``MIRROR_PEERS`` up nodes, other racks
-    first (a checkpoint should survive its rack), then in an order stable per node but different for
-    each, so mirrors spread over the cluster instead of all landing on one node.  A node whose free
-    disk is under ``disk_floor_bytes`` is no peer (it takes no new bytes)."""
-    rack = s.scalar(select(Node.rack).where(Node.name == node_name))
-    rows = [(n, a, r) for n, a, r, free in s.execute(
-        select(Node.name, Node.address, Node.rack, Node.free_bytes).where(Node.state == NodeState.UP, Node.name != node_name))
-        if not under_floor(free, disk_floor_bytes)]
-
-    def key(row: Any) -> tuple[bool, bytes]:
-        return (row[2] == rack, hashlib.sha1(f"{node_name}/{row[0]}".encode()).digest())
-
-    return [Peer(name=n, address=a) for n, a, _ in sorted(rows, key=key)[:MIRROR_PEERS]]
-
-
 def run_as(s: Session, job: Job, single_team: bool) -> str | None:
     """The Unix account a rank of ``job`` runs as (``Assignment.run_as``): None for the built-in and in
     single-team mode (the agent's own account), else the account mapped to the job's user, "" if none."""
@@ -571,5 +551,5 @@ def _reply(s: Session, node_name: str, kill: list[dict[str, int]], here: list[Ra
     reply = HeartbeatReply(assignments=assignments, kill=kills, transfers=transfers, delete=deletes,
                            peer_key=peer_key(s),
                            # only a node running ranks has checkpoints to mirror
-                           peers=_peers(s, node_name, disk_floor_bytes) if live else None)
+                           peers=mirror_peers(s, node_name, disk_floor_bytes) if live else None)
     return reply.wire()

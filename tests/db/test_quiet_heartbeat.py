@@ -1,6 +1,7 @@
-"""The quiet heartbeat (scheduler/server/quiet.py): a node with nothing to say and nothing to do is
-answered with one UPDATE, the same answer and the same writes as the whole path; anything else about
-the heartbeat or the node sends it down the whole path, with nothing written.  Both backends."""
+"""The quiet heartbeat (scheduler/server/quiet.py): a node with nothing new to say (idle, or its ranks
+still running) is answered with one UPDATE, the same answer and the same writes as the whole path;
+anything else about the heartbeat or the node sends it down the whole path, with nothing written.
+Both backends."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle
 from scheduler.server.heartbeat import process_heartbeat
-from scheduler.server.quiet import IDENTITY, QUIET, Settled, quiet_heartbeat
+from scheduler.server.quiet import IDENTITY, PEERS_TTL_S, QUIET, RANKS, Settled, quiet_heartbeat
 from scheduler.store.batching import WriteBatcher
 from scheduler.store.db import Database
 from scheduler.store.models import AgentToken, Node, Rank, Transfer
@@ -89,8 +90,8 @@ def writes(db: Database) -> Iterator[list[str]]:
 
 
 def test_every_field_of_a_heartbeat_is_either_the_nodes_identity_or_must_be_empty_to_be_quiet() -> None:
-    assert IDENTITY | set(QUIET) == set(Heartbeat.model_fields)
-    assert not IDENTITY & set(QUIET)
+    assert IDENTITY | set(QUIET) | {RANKS} == set(Heartbeat.model_fields)
+    assert not IDENTITY & set(QUIET) and RANKS not in IDENTITY | set(QUIET)
     for name, empty in QUIET.items():  # "empty" is the field's default: what an agent with nothing to say sends
         field = Heartbeat.model_fields[name]
         assert (field.default_factory() if field.default_factory else field.default) == empty  # type: ignore[call-arg]
@@ -166,6 +167,74 @@ def test_a_node_back_over_the_floor_goes_the_whole_way_and_is_quiet_again_after(
     assert cluster.quiet(hb(free_bytes=10**12), floor=FLOOR) is not None
 
 
+def running_job(cluster: Cluster, ranks: int = 1) -> tuple[int, str]:
+    """A job of ``ranks`` ranks on one node, bound by a cycle: (its id, the node)."""
+    with cluster.db.session() as s:
+        job_id, _ = svc.submit_job(s, cluster.clock.now(), Identity("user", "alice"), {
+            "name": "j", "resources": {"ranks": ranks, "gpus_per_rank": 1}, "run": {"command": ["true"]},
+            "limits": {"time": "1h"}}, None, single_team=True)
+    report = run_cycle(cluster.db, Settings(heartbeat_ttl_s=600.0), cluster.clock.advance(1))
+    assert report.bound == [job_id]
+    with cluster.db.read() as s:
+        nodes = set(s.scalars(select(Rank.node).where(Rank.job_id == job_id)))
+    assert len(nodes) == 1
+    return job_id, nodes.pop()
+
+
+def ranks_of(job_id: int, n: int, state: str = "RUNNING", **more: Any) -> list[dict[str, Any]]:
+    return [{"job_id": job_id, "attempt": 1, "rank": r, "state": state, **more} for r in range(n)]
+
+
+def test_a_node_whose_ranks_still_run_is_one_update_with_the_whole_paths_answer(
+        cluster: Cluster, writes: list[str]) -> None:
+    job_id, node = running_job(cluster, 2)
+    assert cluster.quiet(hb(node, ranks=ranks_of(job_id, 2))) is None  # the whole path has not seen them RUNNING
+    cluster.whole(hb(node, ranks=ranks_of(job_id, 2, log_tail="epoch 1")))
+    writes.clear()
+    quick = cluster.quiet(hb(node, ranks=ranks_of(job_id, 2, log_tail="epoch 1")))
+    assert quick is not None and writes == ["UPDATE nodes SET"]  # the same tails: not written again
+    whole = cluster.whole(hb(node, ranks=ranks_of(job_id, 2, log_tail="epoch 1")))
+    assert quick == whole and quick["assignments"] == quick["kill"] == []
+    assert [p["name"] for p in quick["peers"]] == [n for n in ("n1", "n2") if n != node]
+    writes.clear()
+    assert cluster.quiet(hb(node, ranks=ranks_of(job_id, 2, log_tail="epoch 2"))) is not None  # new output
+    assert writes == ["UPDATE nodes SET", "UPDATE ranks SET"]
+    with cluster.db.read() as s:
+        assert set(s.scalars(select(Rank.log_tail).where(Rank.job_id == job_id))) == {"epoch 2"}
+    writes.clear()
+    assert cluster.quiet(hb(node, ranks=ranks_of(job_id, 2, log_tail="epoch 2"))) is not None
+    assert writes == ["UPDATE nodes SET"]  # remembered once written
+
+
+def _cancel(c: Cluster, job_id: int) -> None:
+    with c.db.session() as s:
+        svc.cancel_job(s, c.clock.now(), Identity("user", "alice"), job_id)
+
+
+@pytest.mark.parametrize("change", ["a rank ended", "a rank reports an error", "the agent lost a rank",
+                                    "the job was cancelled", "another rank was bound to the node"])
+def test_a_node_whose_ranks_changed_goes_the_whole_way(cluster: Cluster, writes: list[str], change: str) -> None:
+    job_id, node = running_job(cluster, 1)
+    cluster.whole(hb(node, ranks=ranks_of(job_id, 1)))
+    beat = hb(node, ranks=ranks_of(job_id, 1))
+    if change == "a rank ended":
+        beat = hb(node, ranks=ranks_of(job_id, 1, state="EXITED", exit_code=0))
+    elif change == "a rank reports an error":
+        beat = hb(node, ranks=ranks_of(job_id, 1, error="CUDA out of memory"))
+    elif change == "the agent lost a rank":
+        beat = hb(node)
+    elif change == "the job was cancelled":
+        _cancel(cluster, job_id)
+    else:  # the other node drained: the next job's rank goes to the same node's second device
+        with cluster.db.session() as s:
+            s.get(Node, "n2" if node == "n1" else "n1").drained_at = cluster.clock.now()  # type: ignore[union-attr]
+        assert running_job(cluster, 1)[1] == node
+    seen_before = cluster.node(node)
+    writes.clear()
+    assert cluster.quiet(beat) is None, change
+    assert writes == [] and cluster.node(node) == seen_before
+
+
 def test_a_rank_bound_to_the_node_is_sent_by_the_whole_path_and_a_finished_one_lets_it_be_quiet(
         cluster: Cluster) -> None:
     with cluster.db.session() as s:
@@ -183,3 +252,18 @@ def test_a_rank_bound_to_the_node_is_sent_by_the_whole_path_and_a_finished_one_l
     done = [{"job_id": job_id, "attempt": 1, "rank": 0, "state": RankState.EXITED, "exit_code": 0}]
     cluster.whole(hb(node, ranks=done))
     assert cluster.quiet(hb(node)) is not None  # nothing unfinished on it any more
+
+
+def test_a_steady_heartbeats_mirror_peers_are_worked_out_again_every_peers_ttl(cluster: Cluster) -> None:
+    job_id, node = running_job(cluster, 1)
+    other = "n2" if node == "n1" else "n1"
+    beat = hb(node, ranks=ranks_of(job_id, 1))
+    cluster.whole(beat)
+    assert [p["name"] for p in cluster.quiet(beat)["peers"]] == [other]  # type: ignore[index]
+    with cluster.db.session() as s:
+        s.get(Node, other).state = NodeState.DOWN  # type: ignore[union-attr]
+    # within PEERS_TTL_S the list is kept (the agent would try the down peer, fail, and try the next)
+    assert [p["name"] for p in cluster.quiet(beat)["peers"]] == [other]  # type: ignore[index]
+    cluster.clock.advance(PEERS_TTL_S)
+    assert cluster.quiet(beat)["peers"] == []  # type: ignore[index]
+    assert cluster.whole(beat)["peers"] == []  # as the whole path says
