@@ -85,8 +85,9 @@ def test_ties_break_by_submit_time_then_id() -> None:
         .pending(job(1, submit_s=9, pending_since_s=0))
         .build()
     )
-    ordered, _, _ = queue_order(snap, PolicyConfig())
+    ordered, prios, _ = queue_order(snap, PolicyConfig())
     assert [j.id for j in ordered] == [2, 3, 1]  # equal priority: submit 5, 5, 9; then id 2 < 3
+    assert ordered == sorted(snap.pending, key=lambda j: order_key(j, prios[j.id]))  # the order order_key states
     assert order_key(job(7), 1.5) == (-1.5, 0.0, 7)
     assert not math.isnan(priority(job(7), snap, PolicyConfig()))
 
@@ -101,6 +102,7 @@ def test_the_queue_orders_by_the_same_priority_that_priority_gives() -> None:
         .build()
     )
     cfg = PolicyConfig(age_max_s=1800)
-    _, prios, factors = queue_order(snap, cfg)
+    ordered, prios, factors = queue_order(snap, cfg)
     by_user = {j.user: factors[j.id] for j in snap.pending}
     assert prios == {j.id: priority(j, snap, cfg, by_user) for j in snap.pending}  # exactly: one formula
+    assert ordered == sorted(snap.pending, key=lambda j: order_key(j, prios[j.id]))
