@@ -3,9 +3,9 @@ agent token (admins).
 
 A heartbeat names its node in its body: the route reads the JSON, refuses another node's agent (403)
 before looking at the rest, then validates.  Heartbeats are queued to the group commit
-(``ctx.heartbeats``, ``scheduler.store.batching``) and awaited on the event loop.  A quiet heartbeat of a
-node with nothing to do is answered by ``scheduler.server.quiet`` (one read, one write); the others by
-``scheduler.server.heartbeat``."""
+(``ctx.heartbeats``, ``scheduler.store.batching``) and awaited on the event loop.  A heartbeat with
+nothing new, from an idle node or one whose ranks still run, is answered by ``scheduler.server.quiet``
+(one conditional UPDATE); the others by ``scheduler.server.heartbeat``."""
 
 from __future__ import annotations
 
