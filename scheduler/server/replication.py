@@ -94,7 +94,8 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
     Called by the cycle once a cycle, in its transaction; adds PENDING transfers (at most ``concurrency``
     minus those already in flight) and DELETE orders for surplus copies, and returns how many copies it
     planned.  Idempotent within a cycle's state: a copy planned is in flight and is not planned again.
-    A copy expected on a node (state STAGING, for ``STAGING_GRACE_S``) counts as one on its way.
+    A copy expected on a node (state STAGING, for ``STAGING_GRACE_S``) counts as one on its way, and so
+    does a shard a job not yet over stages onto the node of one of its ranks.
     A drained node, or one whose reported free disk is under ``disk_floor_bytes``, takes no copy; the
     room of the others is their free disk less transfers in flight and checkpoints
     (``scheduler.store.room_reader.node_room``).
@@ -141,13 +142,18 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
     span: dict[str, int] = {}
     for name, r, sp in s.execute(select(Dataset.name, Dataset.replicas_required, Dataset.span)):
         required[name], span[name] = r, sp
-    # copies a job not yet over reads (on its node) or stages from: never dropped under it
+    # Copies a job not yet over reads (on its node) or stages from: never dropped under it.  A rank that
+    # stages a shard onto its node leaves a copy there (the agent keeps what it staged and reports it):
+    # that copy is on its way as much as a planned one, and planning another over the same link to the
+    # same node would send the bytes twice.
     in_use: set[tuple[str, int, str]] = set()
     for ds, i, node, src in s.execute(
             select(ShardAssignment.dataset, ShardAssignment.shard, ShardAssignment.node, ShardAssignment.source)
             .join(Job, (Job.id == ShardAssignment.job_id) & (Job.attempt == ShardAssignment.attempt))
             .where(Job.state.in_(ACTIVE))):
         in_use.update({(ds, i, node), (ds, i, src)})
+        if src != node and node in up_names and node not in arriving[(ds, i)]:
+            arriving[(ds, i)].append(node)
     # a drained node, or one under the disk floor, is a source of copies, never a destination
     drained = {name for name, _, free, at in rows if at is not None or under_floor(free, disk_floor_bytes)}
     return _Copies(up=up, drained=drained,

@@ -24,7 +24,7 @@ from scheduler.server.cycle import run_cycle
 from scheduler.server.heartbeat import process_heartbeat
 from scheduler.server.replication import schedule_replication
 from scheduler.store.db import Database
-from scheduler.store.models import Dataset, Event, Job, Node, Replica, Shard, Transfer
+from scheduler.store.models import Dataset, Event, Job, Node, Replica, Shard, ShardAssignment, Transfer
 from tests.db.test_store import ALICE, SHA
 
 SIZE = 1000
@@ -84,10 +84,12 @@ def planned(db: Database) -> list[tuple[int, str, str]]:
 
 
 def test_one_copy_whose_jobs_span_two_nodes_is_striped_in_the_background_never_below_one_healthy(db: Database) -> None:
-    """R = 1, 4 shards whole on n1; nodes of 2 devices; a job of 2 ranks x 2 devices spans n1 and n2.
-    Target for span 2: stripe {0, 2} stays on n1 (it holds it), stripe {1, 3} goes to n2.  At most one
-    copy at a time (concurrency 1); n1's copies of 1 and 3 go only once n2's are healthy and the job
-    that reads them is over."""
+    """R = 1, 4 shards whole on n1; nodes of 2 devices; a job of 2 ranks x 2 devices spans n1 and n2:
+    its rank on n1 reads 0 and 1 there, its rank on n2 stages 2 and 3 onto n2.  Target for span 2:
+    stripe {0, 2} stays on n1 (it holds it), stripe {1, 3} goes to n2.  Shard 3 is on its way to n2
+    with the rank's staging, so only 1 is copied (once: concurrency 1); n1's copies of 1 and 3, and the
+    copy of 2 the rank left on n2, go only once n2's stripe is healthy and the job that reads them is
+    over."""
     clock = FakeClock(1000.0)
     make_dataset(db, replicas=1)
     agents = Agents(db, clock, {"n1": {0, 1, 2, 3}, "n2": set()})
@@ -103,16 +105,29 @@ def test_one_copy_whose_jobs_span_two_nodes_is_striped_in_the_background_never_b
         assert (d.job_spans, d.span) == ([2], 2)  # noted at bind; taken by the cycle's replication phase
         assert [e.message for e in s.scalars(select(Event).where(Event.kind == "data.span"))] == [
             "d: span 1 -> 2, the span most of its latest 1 jobs had; re-balancing toward it"]
-    assert planned(db) == [(1, "n1", "n2")]  # one copy at a time
+    with db.session() as s:
+        assert sorted((a.rank, a.shard, a.node, a.source) for a in s.scalars(select(ShardAssignment))) == [
+            (0, 0, "n1", "n1"), (0, 1, "n1", "n1"), (1, 2, "n2", "n1"), (1, 3, "n2", "n1")]
+    assert planned(db) == [(1, "n1", "n2")]  # not 3: the rank on n2 brings it
 
+    for _ in range(3):  # n2 makes its copy of 1 while the rank is still staging 2 and 3: 3 is not planned
+        agents.beat_all()
+        with db.session() as s:
+            schedule_replication(s, clock.advance(1), concurrency=1)
+    assert layout(db) == {0: ["n1"], 1: ["n1", "n2"], 2: ["n1"], 3: ["n1"]}
+    assert planned(db) == []
+
+    agents.files["n2"] |= {2, 3}  # the rank on n2 staged its shards; the agent keeps and reports them
     seen: list[dict[int, list[str]]] = []
-    for _ in range(4):  # n2 makes its copies; the job still reads n1's: nothing is dropped
+    for _ in range(4):  # n2 makes its copy; the job still reads n1's and n2's: nothing is dropped
         agents.beat_all()
         with db.session() as s:
             schedule_replication(s, clock.advance(1), concurrency=1)
         seen.append(layout(db))
-    assert layout(db) == {0: ["n1"], 1: ["n1", "n2"], 2: ["n1"], 3: ["n1", "n2"]}
+    assert layout(db) == {0: ["n1"], 1: ["n1", "n2"], 2: ["n1", "n2"], 3: ["n1", "n2"]}
     assert planned(db) == []
+    with db.session() as s:  # the only copy made between nodes: shards 2 and 3 crossed once, staged
+        assert [(t.shard, t.dst) for t in s.scalars(select(Transfer).where(Transfer.job_id.is_(None)))] == [(1, "n2")]
 
     with db.session() as s:  # the job ends (its ranks' reports are not what this test is about)
         s.get(Job, job_id).state = "COMPLETED"
@@ -120,7 +135,7 @@ def test_one_copy_whose_jobs_span_two_nodes_is_striped_in_the_background_never_b
         with db.session() as s:
             schedule_replication(s, clock.advance(1), concurrency=1)
         seen.append(layout(db))
-        agents.beat_all()  # n1 lists 1 and 3 until it acts on the order: they do not come back
+        agents.beat_all()  # a node lists a dropped copy until it acts on the order: it does not come back
         seen.append(layout(db))
     assert layout(db) == {0: ["n1"], 1: ["n2"], 2: ["n1"], 3: ["n2"]}
     assert agents.files == {"n1": {0, 2}, "n2": {1, 3}}
