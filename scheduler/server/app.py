@@ -215,7 +215,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
     """The API of the running server ``ctx`` (its ``db``, ``settings``, ``clock``, ``poke()``), kept in
     ``app.state.ctx`` for the routes.  Every route is declared in a module of ``RESOURCES`` with its
     ``Access``; one without fails here, at start-up."""
-    app = FastAPI(title="gsched", version="0.1.0", responses=ERRORS)
+    # FastAPI's own OpenTelemetry hooks asked, on every request, whether a tracer, meter or logger
+    # provider had been set up (a few per cent of a submit's time on the event loop); the server has
+    # its own /metrics and logs, and sets none up.
+    app = FastAPI(title="gsched", version="0.1.0", responses=ERRORS,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     db = ctx.db
     app.state.ctx = ctx
 

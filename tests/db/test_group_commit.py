@@ -7,7 +7,7 @@ import multiprocessing
 import threading
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Unprocessable
@@ -314,6 +314,34 @@ def test_a_batchs_submits_are_written_at_its_commit_with_their_ids_and_events(db
     with db.read() as s:
         assert sorted(s.scalars(select(Job.id))) == sorted(set(ids))
         assert sorted(s.scalars(select(Event.job_id).where(Event.kind == "job.submit"))) == sorted(set(ids))
+
+
+def test_new_rows_of_one_flush_get_their_ids_in_the_order_they_were_added(db: Database) -> None:
+    """Five submits staged in one transaction: their ids follow the order they were staged in, one after
+    the other, and a job written later gets a greater one.  On PostgreSQL the ids are taken from the
+    sequence in one statement before the flush, and the rows are written by one short INSERT run per
+    row (no RETURNING, no statement with every row's parameters in it: db._number_new_rows)."""
+    _users_and_a_node(db)
+    seen: list[tuple[str, bool]] = []
+
+    def note(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        seen.append((statement, executemany))
+
+    event.listen(db.engine, "before_cursor_execute", note)
+    try:
+        with db.session() as s:
+            jobs = [stage(None)(s, 2.0)[0] for _ in range(5)]
+    finally:
+        event.remove(db.engine, "before_cursor_execute", note)
+    ids = [j.id for j in jobs]
+    assert ids == list(range(ids[0], ids[0] + 5))
+    with db.session() as s:
+        later = svc.submit_job(s, 3.0, ALICE, SUBMIT, None, single_team=True)[0]
+    assert later > ids[-1]
+    inserts = [(stmt, many) for stmt, many in seen if stmt.startswith("INSERT INTO jobs")]
+    if not db.is_sqlite:
+        assert len(inserts) == 1 and inserts[0][1] and "RETURNING" not in inserts[0][0] and "nextval" in " ".join(st for st, _ in seen)
+        assert inserts[0][0].count("VALUES (") == 1
 
 
 def test_two_transactions_racing_with_one_request_id_store_one_job(db: Database) -> None:
