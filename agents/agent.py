@@ -23,7 +23,7 @@ from typing import Any
 
 from agents.dataserver import DataServer, checkpoint_path
 from agents.devices import Devices
-from agents.fence import PIDS, Fence, read_pids
+from agents.fence import PIDS, Fence, Group, kill_group, not_ours, read_groups, record
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
@@ -198,25 +198,31 @@ class Agent:
         return self.data_dir / ".gsched" / PIDS
 
     def remember_pid(self, pid: int) -> None:
+        """Note the process group of a rank just started (with its leader's start time and the boot:
+        agents/fence.py ``not_ours``), for the fence and for the next agent's ``kill_leftovers``."""
         with self._pids_lock:
-            pids = self._read_pids() | {pid}
-            self._pids_file().write_text("\n".join(str(p) for p in sorted(pids)))
+            groups = read_groups(self._pids_file())
+            groups[pid] = record(pid)
+            self._write_groups(groups)
 
     def forget_pid(self, pid: int) -> None:
         with self._pids_lock:
-            pids = self._read_pids() - {pid}
-            self._pids_file().write_text("\n".join(str(p) for p in sorted(pids)))
+            groups = read_groups(self._pids_file())
+            groups.pop(pid, None)
+            self._write_groups(groups)
 
-    def _read_pids(self) -> set[int]:
-        return read_pids(self._pids_file())
+    def _write_groups(self, groups: dict[int, Group]) -> None:
+        self._pids_file().write_text("".join(f"{g.line()}\n" for _, g in sorted(groups.items())))
 
     def kill_leftovers(self) -> None:
-        for pid in self._read_pids():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-                log.warning("stopped rank process group %s left by a previous agent", pid)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Stop the rank process groups a previous agent on this node left running; never a group whose
+        id another process has taken since (fence.not_ours)."""
+        for pgid, g in sorted(read_groups(self._pids_file()).items()):
+            why = not_ours(g)
+            if why is not None:
+                log.info("left process group %s alone: %s", pgid, why)
+            elif kill_group(g):
+                log.warning("stopped rank process group %s left by a previous agent", pgid)
         self._pids_file().write_text("")
 
     # ------------------------------------------------------------ the loop

@@ -12,7 +12,9 @@ own (``python -m agents.fence``), in its own session, that a frozen or killed ag
 - once the server has said its TTL, the agent starts the watchdog, which reads the lease every
   ``POLL_S``.  When the lease is older than ``after_s`` (``FENCE_FRACTION`` of the TTL: the ranks are
   gone before the server can declare the node down and bind the jobs elsewhere), it SIGKILLs every
-  rank process group in ``DIR/.gsched/pids``, lists them in ``DIR/.gsched/fenced`` and exits;
+  rank process group in ``DIR/.gsched/pids`` that is still the rank's (``not_ours``: each is recorded
+  with its leader's start time and the boot, so an id taken by another process since, or one from
+  before the machine restarted, is left alone), lists them in ``DIR/.gsched/fenced`` and exits;
 - the watchdog exits without killing anything when the lease is gone (the agent stopped cleanly) or
   names another pid (a new agent claimed the node; it stops the ranks its predecessor left itself).
 
@@ -32,13 +34,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 TICK_S = 0.25
 POLL_S = 0.2
 FENCE_FRACTION = 0.6  # of the server's heartbeat TTL: how long a silent agent's ranks live on
 FENCED = "fenced"
-PIDS = "pids"  # DIR/.gsched/pids: the rank process groups the agent started (agents/agent.py keeps it)
+PIDS = "pids"  # DIR/.gsched/pids: the rank process groups the agent started, a Group.line each (agents/agent.py)
 _WIDTH = 64  # the lease is always this many bytes, rewritten in place
 
 
@@ -56,11 +59,96 @@ def read_lease(path: Path) -> tuple[int, float] | None:
 
 
 def read_pids(path: Path) -> set[int]:
-    """The process ids listed in ``path``, one a line (none when it cannot be read)."""
+    """The process ids that begin the lines of ``path`` (none when it cannot be read)."""
+    return set(read_groups(path))
+
+
+@dataclass(frozen=True)
+class Group:
+    """A rank process group as the agent recorded it when it started the rank: its id, its leader's start
+    time (clock ticks after boot, ``/proc/PID/stat``) and the boot it ran in.  A line of an older agent
+    has the id alone (``start`` and ``boot`` None)."""
+
+    pgid: int
+    start: int | None = None
+    boot: str | None = None
+
+    def line(self) -> str:
+        return f"{self.pgid} {self.start or 0} {self.boot or '-'}"
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``): it changes when the machine restarts."""
     try:
-        return {int(x) for x in path.read_text().split() if x.isdigit()}
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        return set()
+        return ""
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), or None when there is no such process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def record(pgid: int) -> Group:
+    """The record of a process group the agent has just started, its leader alive."""
+    return Group(pgid, start_ticks(pgid), boot_id())
+
+
+def read_groups(path: Path) -> dict[int, Group]:
+    """The process groups listed in ``path``, a line each (``Group.line``; an older agent's: the id alone)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    out: dict[int, Group] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if not words or not words[0].isdigit():
+            continue
+        pgid = int(words[0])
+        if len(words) >= 3 and words[1].isdigit():
+            out[pgid] = Group(pgid, int(words[1]) or None, None if words[2] == "-" else words[2])
+        else:
+            out[pgid] = Group(pgid)
+    return out
+
+
+def not_ours(g: Group) -> str | None:
+    """Why process group ``g.pgid`` may now be somebody else's, or None when it is still the rank's.
+
+    A process id comes back into use once its process is gone, and after a restart of the machine any
+    id may name anything: a group recorded in another boot is never the rank's; one whose leader runs
+    with another start time is a new process that took the id.  One whose leader is gone may still have
+    members (a rank's loader workers): the kernel gives no process an id still used as a group's, so
+    those members are the rank's.  An older agent's line (the id alone) is the rank's only when its
+    leader runs with the ``GSCHED_JOB_ID`` every rank is started with."""
+    if g.boot is not None and g.boot != boot_id():
+        return "recorded before the machine restarted"
+    now = start_ticks(g.pgid)
+    if g.start is None and g.boot is None:
+        try:
+            env = Path(f"/proc/{g.pgid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return "recorded by an older agent, and its leader is gone: nothing shows it is a rank's"
+        return None if any(v.startswith(b"GSCHED_JOB_ID=") for v in env) else "its process is not a rank's"
+    if now is not None and now != g.start:
+        return "its id was taken by another process"
+    return None
+
+
+def kill_group(g: Group) -> bool:
+    """SIGKILL the rank process group ``g`` if it is still the rank's (``not_ours``); whether a signal went."""
+    if not_ours(g) is not None:
+        return False
+    try:
+        os.killpg(g.pgid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 class Fence:
@@ -165,13 +253,7 @@ def watch(state_dir: Path, after_s: float, agent_pid: int) -> str:
         if now - seen > after_s:
             break
         time.sleep(POLL_S)
-    stopped = []
-    for pgid in sorted(read_pids(pids_file)):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-            stopped.append(pgid)
-        except (ProcessLookupError, PermissionError):
-            pass
+    stopped = [pgid for pgid, g in sorted(read_groups(pids_file).items()) if kill_group(g)]
     with open(state_dir / FENCED, "a") as f:
         f.write("".join(f"{p}\n" for p in stopped))
     print(f"gsched fence: agent {agent_pid} silent for {now - seen:.1f} s (over {after_s:g} s): "
