@@ -44,6 +44,12 @@ class ReplicaState(StrEnum):
     STAGING = "staging"
 
 
+# A copy the server expects on a node (an upload of `data make`, a file `data add` links, state STAGING)
+# counts as on its way for this long; one not reported by then is made again elsewhere
+# (scheduler/server/replication.py), and no longer takes room on its node (scheduler/store/room_reader.py).
+STAGING_GRACE_S = 120.0
+
+
 PREEMPT_EVENT = "job.preempt"  # the event of each preemption (policies.preemption), one per victim
 PREEMPTING_EVENT = "job.preempting"  # the preemptor's event: the victims taken for it, and why
 RANK_LIVE = frozenset({RankState.ASSIGNED, RankState.STAGING, RankState.READY, RankState.RUNNING})

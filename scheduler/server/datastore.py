@@ -118,7 +118,7 @@ def register_dataset(s: Session, now: float, who: Identity, body: DatasetIn, dis
     for sh in body.shards:
         s.add(Shard(dataset=body.name, index=sh.index, bytes=sh.bytes, sha256=sh.sha256, samples=sh.samples))
     plan = lay_out([(sh.index, sh.bytes) for sh in body.shards], up, body.replicas, span=span,
-                   node_bytes=_node_bytes(s), room=node_room(s, ((n.name, n.free_bytes) for n in up_nodes)))
+                   node_bytes=_node_bytes(s), room=node_room(s, now, ((n.name, n.free_bytes) for n in up_nodes)))
     key = peer_key(s)
     addresses = dict(s.execute(select(Node.name, Node.address)).all())
     shas = {sh.index: sh.sha256 for sh in body.shards}

@@ -28,16 +28,13 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.diskfloor import under_floor
-from scheduler.core.lifecycle import ACTIVE, NodeState, ReplicaState, TransferState
+from scheduler.core.lifecycle import ACTIVE, STAGING_GRACE_S, NodeState, ReplicaState, TransferState
 from scheduler.core.replicas import lay_out, observed_span, place_replicas
 from scheduler.server.service import record
 from scheduler.store.models import Dataset, Job, Node, Replica, Shard, ShardAssignment, Transfer
 from scheduler.store.room_reader import node_room
 
 IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)  # a re-replication copy not yet over
-# A copy the server expects on a node (an upload of `data make`, a file `data add` links) counts as
-# on its way for this long; one not reported by then is made again elsewhere.
-STAGING_GRACE_S = 120.0
 
 
 @dataclass
@@ -157,7 +154,7 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
     # a drained node, or one under the disk floor, is a source of copies, never a destination
     drained = {name for name, _, free, at in rows if at is not None or under_floor(free, disk_floor_bytes)}
     return _Copies(up=up, drained=drained,
-                   room=node_room(s, ((name, free) for name, _, free, _ in rows)), sizes=sizes, reps=reps,
+                   room=node_room(s, now, ((name, free) for name, _, free, _ in rows)), sizes=sizes, reps=reps,
                    arriving=arriving, inflight=inflight, node_bytes=node_bytes, ds_bytes=ds_bytes, required=required,
                    span=span, in_use=in_use)
 

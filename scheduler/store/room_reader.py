@@ -1,5 +1,5 @@
 """Reads what ``scheduler.core.room`` needs to tell the room each node has for new shard copies:
-transfers in flight to it and the checkpoints of jobs running now.  Called by the cycle's replication
+transfers in flight to it, uploads expected on it and the checkpoints of jobs running now.  Called by the cycle's replication
 phase and by ``gsched data make`` (``scheduler.server.datastore``), in their own transactions."""
 
 from __future__ import annotations
@@ -11,21 +11,26 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.jobspec import stored
-from scheduler.core.lifecycle import RANK_FINAL, TransferState
+from scheduler.core.lifecycle import RANK_FINAL, STAGING_GRACE_S, ReplicaState, TransferState
 from scheduler.core.room import Checkpointing, arriving_bytes, checkpoint_reserve, placement_room
-from scheduler.store.models import Checkpoint, Job, Rank, Transfer
+from scheduler.store.models import Checkpoint, Job, Rank, Replica, Shard, Transfer
 
 IN_FLIGHT = (TransferState.PENDING, TransferState.RUNNING)
 
 
-def node_room(s: Session, free_bytes: Iterable[tuple[str, int | None]]) -> dict[str, int]:
+def node_room(s: Session, now: float, free_bytes: Iterable[tuple[str, int | None]]) -> dict[str, int]:
     """``place_replicas``' ``room`` for the nodes of ``free_bytes`` (node, free bytes reported): less the
-    bytes still to arrive by staging and re-replication transfers in flight, and the checkpoint reserve
-    of every job with a live rank 0 (``scheduler.core.room``).  Reads only; the same answer until the
-    database changes."""
-    arriving = arriving_bytes((dst, total, done) for dst, total, done in s.execute(
-        select(Transfer.dst, Transfer.bytes, Transfer.done_bytes).where(Transfer.state.in_(IN_FLIGHT))))
-    return placement_room(free_bytes, arriving, checkpoint_reserve(running_checkpoints(s)))
+    bytes still to arrive by staging and re-replication transfers in flight and by the uploads of ``data
+    make`` not yet reported (copies in state STAGING for ``STAGING_GRACE_S``, each whole), and the
+    checkpoint reserve of every job with a live rank 0 (``scheduler.core.room``).  Reads only; the same
+    answer until the database changes."""
+    moving = [(dst, total, done) for dst, total, done in s.execute(
+        select(Transfer.dst, Transfer.bytes, Transfer.done_bytes).where(Transfer.state.in_(IN_FLIGHT)))]
+    moving += [(node, size, 0) for node, size in s.execute(
+        select(Replica.node, Shard.bytes)
+        .join(Shard, (Shard.dataset == Replica.dataset) & (Shard.index == Replica.shard))
+        .where(Replica.state == ReplicaState.STAGING, Replica.updated_at > now - STAGING_GRACE_S))]
+    return placement_room(free_bytes, arriving_bytes(moving), checkpoint_reserve(running_checkpoints(s)))
 
 
 def running_checkpoints(s: Session) -> list[Checkpointing]:
