@@ -11,6 +11,7 @@ Example::
     tls_key = "/etc/gsched/server.key"
     run_as_agent_user = false                      # true: single-team mode, jobs run as the agents' account
     disk_floor_gb = 5                              # a node with less free disk takes no new ranks or copies
+    node_cache_gb = 0                              # staged copies kept on a node (most recently read first)
 
     [policy]
     arbiter = "twostage"
@@ -28,7 +29,7 @@ Example::
 Environment overrides: GSCHED_DB, GSCHED_HOST, GSCHED_PORT, GSCHED_CYCLE_INTERVAL_S,
 GSCHED_HEARTBEAT_TTL_S, GSCHED_TLS_CERT, GSCHED_TLS_KEY, GSCHED_ARBITER, GSCHED_LOCALITY_WAIT_S,
 GSCHED_HEADER_TIMEOUT_S, GSCHED_MAX_CONNECTIONS, GSCHED_MAX_CONNECTIONS_PER_CLIENT, GSCHED_METRICS_TOKEN,
-GSCHED_RUN_AS_AGENT_USER (1/true/yes/on), GSCHED_DISK_FLOOR_GB.
+GSCHED_RUN_AS_AGENT_USER (1/true/yes/on), GSCHED_DISK_FLOOR_GB, GSCHED_NODE_CACHE_GB.
 """
 
 from __future__ import annotations
@@ -79,10 +80,18 @@ class Settings:
     # A node whose agent reports less free disk than this takes no new ranks or shard copies
     # (scheduler/core/diskfloor.py); 0: no floor.
     disk_floor_gb: float = 5.0
+    # The node cache: copies no layout needs any more (a shard a rank staged where it ran, the old place
+    # of a copy moved) kept on each node up to this many GB, the least recently read dropped first
+    # (scheduler/server/replication.py); 0: dropped once no job reads them.
+    node_cache_gb: float = 0.0
 
     @property
     def disk_floor_bytes(self) -> int:
         return floor_bytes(self.disk_floor_gb)
+
+    @property
+    def node_cache_bytes(self) -> int:
+        return floor_bytes(self.node_cache_gb)
 
     @property
     def scheme(self) -> str:
@@ -114,6 +123,7 @@ _ENV = {  # variable -> (key, or "policy.key")
     "GSCHED_METRICS_TOKEN": "metrics_token",
     "GSCHED_RUN_AS_AGENT_USER": "run_as_agent_user",
     "GSCHED_DISK_FLOOR_GB": "disk_floor_gb",
+    "GSCHED_NODE_CACHE_GB": "node_cache_gb",
     "GSCHED_ARBITER": "policy.arbiter",
     "GSCHED_LOCALITY_WAIT_S": "policy.locality_wait_s",
 }

@@ -88,6 +88,7 @@ class ConfigFile(_Table):
     run_as_agent_user: bool | None = None
     non_preemptible_users: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = None
     disk_floor_gb: float | None = Field(None, ge=0, le=1_000_000)
+    node_cache_gb: float | None = Field(None, ge=0, le=1_000_000)
     policy: PolicyTable = PolicyTable()
     network: NetworkTable = NetworkTable()
     users: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[float, Field(ge=0)]] = {}

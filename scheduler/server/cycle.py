@@ -128,7 +128,8 @@ def _replicate(db: Database, now: float, settings: Any) -> int:
     it made again, from the start, in a write transaction, so what is written is planned on what the
     transaction sees."""
     def plan(s: Any) -> int:
-        return schedule_replication(s, now, settings.replication_concurrency, settings.disk_floor_bytes)
+        return schedule_replication(s, now, settings.replication_concurrency, settings.disk_floor_bytes,
+                                    settings.node_cache_bytes)
 
     with db.read() as s, s.no_autoflush:
         made = plan(s)

@@ -11,7 +11,9 @@ follows its jobs: the node count most of its latest jobs spanned (``observed_spa
 2. **Re-balance**, once some job has read the data set (before, its layout is what it was made or
    registered with): with the concurrency left, copies the target has and the layout lacks are made;
    a copy the target does not have is dropped once every copy the target has of that shard is healthy
-   and R healthy copies stay without it, and never while a job not yet over reads it.
+   and R healthy copies stay without it, and never while a job not yet over reads it; with a node
+   cache (``node_cache_gb``) each node keeps the most recently read of those copies up to its size
+   (``_keep_cached``).
 
 At most ``concurrency`` copies are in flight cluster-wide, so training traffic is not starved.  A data
 set with a copy on a drained node is not re-balanced (it gets missing copies only) until the node is
@@ -57,6 +59,7 @@ class _Copies:
     targets: dict[str, dict[int, list[str]]] = field(default_factory=dict)
     up_names: set[str] = field(default_factory=set)
     shards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # data set -> (index, bytes)
+    recency: dict[tuple[str, int, str], float] = field(default_factory=dict)  # copy -> came or last read
 
     def __post_init__(self) -> None:
         self.up_names = {n for n, _ in self.up}
@@ -85,7 +88,8 @@ class _Copies:
         return self.targets[ds]
 
 
-def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_bytes: int = 0) -> int:
+def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_bytes: int = 0,
+                         cache_bytes: int = 0) -> int:
     """Plan this cycle's copies between nodes: missing copies first, then re-balancing (see the module).
 
     Called by the cycle once a cycle, in its transaction; adds PENDING transfers (at most ``concurrency``
@@ -107,7 +111,7 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
     _follow_jobs(s, now, c)
     budget = max(0, concurrency - inflight_n)
     made = _missing_copies(s, now, c, budget)
-    made += _rebalance(s, now, c, budget - made)
+    made += _rebalance(s, now, c, budget - made, cache_bytes, disk_floor_bytes)
     return made
 
 
@@ -124,9 +128,12 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
     # are re-made together (place_replicas' group rule), not scattered shard by shard.
     ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     arriving: dict[tuple[str, int], list[str]] = defaultdict(list)  # expected copies, within the grace
-    for ds, i, node, state, updated in s.execute(select(Replica.dataset, Replica.shard, Replica.node, Replica.state,
-                                                        Replica.updated_at)):
+    recency: dict[tuple[str, int, str], float] = {}  # when a copy came or was last read where it lies
+    for ds, i, node, state, updated, read_at in s.execute(
+            select(Replica.dataset, Replica.shard, Replica.node, Replica.state, Replica.updated_at,
+                   Replica.last_read_at)):
         reps[(ds, i)].append((node, state))
+        recency[(ds, i, node)] = max(updated or 0.0, read_at or 0.0)
         if state == ReplicaState.STAGING and node in up_names and updated is not None and now - updated < STAGING_GRACE_S:
             arriving[(ds, i)].append(node)
         if state == ReplicaState.HEALTHY and node in up_names:
@@ -156,7 +163,7 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
     return _Copies(up=up, drained=drained,
                    room=node_room(s, now, ((name, free) for name, _, free, _ in rows)), sizes=sizes, reps=reps,
                    arriving=arriving, inflight=inflight, node_bytes=node_bytes, ds_bytes=ds_bytes, required=required,
-                   span=span, in_use=in_use)
+                   span=span, in_use=in_use, recency=recency)
 
 
 def _follow_jobs(s: Session, now: float, c: _Copies) -> None:
@@ -214,9 +221,11 @@ def _missing_copies(s: Session, now: float, c: _Copies, budget: int) -> int:
     return made
 
 
-def _rebalance(s: Session, now: float, c: _Copies, budget: int) -> int:
-    """Step 2: move each data set's layout toward its target, copies first, surplus dropped after."""
+def _rebalance(s: Session, now: float, c: _Copies, budget: int, cache_bytes: int = 0, floor: int = 0) -> int:
+    """Step 2: move each data set's layout toward its target, copies first, surplus dropped after (or kept
+    in its node's cache: ``_keep_cached``)."""
     made = 0
+    surplus: list[tuple[str, int, str]] = []
     for ds in sorted(c.seen):
         want = c.required.get(ds, 0)
         shards = [i for i, _ in c.shards.get(ds, [])]
@@ -239,9 +248,42 @@ def _rebalance(s: Session, now: float, c: _Copies, budget: int) -> int:
             for node in sorted(n for n in healthy if n not in goal):
                 if len(healthy) - 1 < want or (ds, index, node) in c.in_use:
                     continue
-                _drop(s, now, ds, index, node)
+                surplus.append((ds, index, node))
                 healthy.remove(node)
+    kept = _keep_cached(c, surplus, cache_bytes, floor)
+    for ds, index, node in surplus:
+        if (ds, index, node) not in kept:
+            _drop(s, now, ds, index, node)
     return made
+
+
+def _keep_cached(c: _Copies, surplus: Sequence[tuple[str, int, str]], cache_bytes: int,
+                 floor: int) -> set[tuple[str, int, str]]:
+    """The node cache: of the copies the layouts no longer need (a copy a rank staged where it ran, the
+    old place of one moved), each node keeps the most recently read (or made) up to ``cache_bytes``,
+    and never so many that its room (free disk less what is on its way and the checkpoint reserve)
+    stays under twice the disk floor: the cache gives its bytes back before the node would stop taking
+    work.  The rest are dropped, least recently read first.  What a job reads there next is then read
+    where it lies (the simulator's ``cache_gb``).  (A node under the floor or drained keeps what it
+    holds: its data sets are not re-balanced at all.)"""
+    if cache_bytes <= 0:
+        return set()
+    by_node: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
+    for copy in surplus:
+        by_node[copy[2]].append(copy)
+    kept: set[tuple[str, int, str]] = set()
+    for node, copies in by_node.items():
+        budget = cache_bytes
+        if node in c.room:  # it reports its free disk: what keeping them all would leave it, at most
+            held = sum(c.sizes.get(k[:2], 0) for k in copies)
+            budget = min(budget, held - max(0, 2 * floor - c.room[node]))
+        for copy in sorted(copies, key=lambda k: (-c.recency.get(k, 0.0), k)):
+            size = c.sizes.get(copy[:2], 0)
+            if size > budget:
+                break
+            kept.add(copy)
+            budget -= size
+    return kept
 
 
 def _drop(s: Session, now: float, ds: str, index: int, node: str) -> None:

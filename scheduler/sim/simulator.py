@@ -27,8 +27,9 @@ The model (every assumption is ours; the traces carry no data or model informati
   data set drawn with Zipf popularity (``P(d_k) ~ 1/(k+1)^zipf``) from a generator seeded by
   ``--seed``, so every policy sees the same jobs reading the same data.  ``--data none`` turns the
   data model off: jobs read nothing, every read counts as local and nothing is moved (for data-blind
-  comparisons with other simulators).  ``cache_gb`` > 0 keeps staged shards on the destination node as extra copies (as the agent does), at most that many GB
-  per node, least recently used evicted first; 0 (the default) discards them after the job, i.e.
+  comparisons with other simulators).  ``cache_gb`` > 0 keeps staged shards on the destination node as extra copies (as a server with
+  ``node_cache_gb`` does: scheduler/server/replication.py), at most that many GB per node, least
+  recently used evicted first; 0 (the default) discards them after the job, i.e.
   every job stages its missing bytes again.  Jobs bound in one cycle that need the same missing
   shard on the same node move its bytes once (the agent fetches a shard once for every rank of its
   node that needs it, ``agents.staging.ShardFlights``); the later ones count it as a local read.

@@ -31,7 +31,7 @@ from scheduler.core.placement import Candidate
 from scheduler.core.replicas import seen_spans
 from scheduler.store.db import Database
 from scheduler.store.effects import bind_job
-from scheduler.store.models import Dataset, Device, Job, Node, Rank, ShardAssignment, Transfer
+from scheduler.store.models import Dataset, Device, Job, Node, Rank, Replica, ShardAssignment, Transfer
 
 log = logging.getLogger("gsched.binder")
 BIND_BATCH = 64  # jobs bound in one transaction: bounds how long a batch holds the write lock
@@ -131,6 +131,13 @@ def try_bind(s: Session, now: float, job_id: int, cand: Candidate, clock: Callab
     for read in plan.staging:
         s.add(Transfer(job_id=job.id, dataset=dataset, shard=read.shard, src=read.source, dst=read.node,
                        bytes=read.bytes, state=TransferState.JOB, created_at=now))
+    local: dict[str, list[int]] = defaultdict(list)  # the copies read where they lie: the node cache's recency
+    for read in cand.reads:
+        if read.source == read.node:
+            local[read.node].append(read.shard)
+    for node, shards in sorted(local.items()):
+        s.execute(update(Replica).where(Replica.dataset == dataset, Replica.node == node, Replica.shard.in_(shards))
+                  .values(last_read_at=now).execution_options(synchronize_session=False))
     read_set = s.get(Dataset, dataset) if dataset else None
     if read_set is not None:  # the shape its jobs have: the cycle's re-balance lays the data set out for it
         read_set.job_spans = seen_spans(read_set.job_spans or [], len({slot.node for slot in plan.ranks}))

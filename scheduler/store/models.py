@@ -126,6 +126,7 @@ class Replica(Base):
     node: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), default=ReplicaState.MISSING)  # ReplicaState
     updated_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_read_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # a job bound to read it here
 
 
 class Job(Base):

@@ -170,3 +170,97 @@ def test_a_data_set_no_job_has_read_keeps_the_layout_it_was_registered_with(db: 
     with db.session() as s:
         assert schedule_replication(s, clock.advance(1), concurrency=4) == 0
         assert s.scalars(select(Transfer)).all() == []
+
+
+def _staged_and_over(db: Database, clock: FakeClock, agents: Agents, cache_bytes: int) -> int:
+    """The striping scene of the first test, run to the end of its job with a node cache of
+    ``cache_bytes``: returns the job's id.  n2 ends holding 1 and 3 (its stripe) and 2 (staged)."""
+    gang = {"name": "g", "resources": {"ranks": 2, "gpus_per_rank": 2}, "data": {"dataset": "d"},
+            "train": {"epochs": 1}, "limits": {"time": "1h"}}
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.now(), ALICE, gang, None)
+    cfg = Settings(heartbeat_ttl_s=10**6, replication_concurrency=1, node_cache_gb=cache_bytes / 10**9,
+                   policy=replace(PolicyConfig(locality_wait_s=0)))
+    assert run_cycle(db, cfg, clock.advance(1)).bound == [job_id]
+    agents.files["n2"] |= {2, 3}  # the rank on n2 staged its shards
+    for _ in range(4):
+        agents.beat_all()
+        with db.session() as s:
+            schedule_replication(s, clock.advance(1), concurrency=1, cache_bytes=cache_bytes)
+    with db.session() as s:
+        s.get(Job, job_id).state = "COMPLETED"
+    return job_id
+
+
+def test_the_node_cache_keeps_copies_no_layout_needs_up_to_its_size_the_least_recently_read_dropped_first(
+        db: Database) -> None:
+    """node_cache_gb: the copies the re-balance no longer needs (n1's old copies of 1 and 3 once n2's
+    stripe holds them, the copy of 2 the rank staged on n2) stay, up to the cache's size per node; over
+    it, the least recently read go first.  n1's copy of 3 was read (a job bound to read it there) after
+    its copy of 1: with room for one copy, 1 goes and 3 stays."""
+    clock = FakeClock(1000.0)
+    make_dataset(db, replicas=1)
+    agents = Agents(db, clock, {"n1": {0, 1, 2, 3}, "n2": set()})
+    agents.beat_all()
+    _staged_and_over(db, clock, agents, cache_bytes=10 * SIZE)
+    for _ in range(3):  # room for every surplus copy: nothing is dropped
+        with db.session() as s:
+            schedule_replication(s, clock.advance(1), concurrency=1, cache_bytes=10 * SIZE)
+        agents.beat_all()
+    assert layout(db) == {0: ["n1"], 1: ["n1", "n2"], 2: ["n1", "n2"], 3: ["n1", "n2"]}
+    with db.session() as s:
+        assert s.scalars(select(Transfer).where(Transfer.state == "delete")).all() == []
+        s.get(Replica, ("d", 3, "n1")).last_read_at = clock.advance(1)  # read there most recently
+
+    for _ in range(3):  # room for one copy on each node: n1 keeps 3 (read last), drops 1; n2 keeps 2
+        with db.session() as s:
+            schedule_replication(s, clock.advance(1), concurrency=1, cache_bytes=SIZE)
+        agents.beat_all()
+    assert agents.files == {"n1": {0, 2, 3}, "n2": {1, 2, 3}}
+    assert layout(db) == {0: ["n1"], 1: ["n2"], 2: ["n1", "n2"], 3: ["n1", "n2"]}
+
+    for _ in range(3):  # no cache: the layout alone, as without one
+        with db.session() as s:
+            schedule_replication(s, clock.advance(1), concurrency=1, cache_bytes=0)
+        agents.beat_all()
+    assert agents.files == {"n1": {0, 2}, "n2": {1, 3}}
+
+
+def test_the_node_cache_gives_its_bytes_back_before_its_node_would_reach_the_disk_floor(db: Database) -> None:
+    """With a 5 GB floor, n2 reporting 6 GB free keeps no cached copy (its room is under twice the
+    floor); reporting 20 GB, it keeps them again."""
+    clock = FakeClock(1000.0)
+    make_dataset(db, replicas=1)
+    agents = Agents(db, clock, {"n1": {0, 1, 2, 3}, "n2": set()})
+    agents.beat_all()
+    _staged_and_over(db, clock, agents, cache_bytes=10 * SIZE)
+
+    def cycles(free_n2: int) -> None:
+        for _ in range(3):
+            with db.session() as s:
+                s.get(Node, "n2").free_bytes = free_n2
+            with db.session() as s:
+                schedule_replication(s, clock.advance(1), concurrency=1, disk_floor_bytes=5 * 10**9,
+                                     cache_bytes=10 * SIZE)
+            agents.beat("n2")
+
+    cycles(20 * 10**9)
+    assert agents.files["n2"] == {1, 2, 3}
+    cycles(6 * 10**9)
+    assert agents.files["n2"] == {1, 3}  # its stripe stays; the cached copy of 2 went
+    assert layout(db) == {0: ["n1"], 1: ["n1", "n2"], 2: ["n1"], 3: ["n1", "n2"]}
+
+
+def test_a_bound_job_notes_the_copies_it_reads_where_they_lie(db: Database) -> None:
+    """The binder writes last_read_at on each copy a job reads on its own node (the cache's recency);
+    a copy a rank stages gets its time when it is reported."""
+    clock = FakeClock(1000.0)
+    make_dataset(db, replicas=1)
+    agents = Agents(db, clock, {"n1": {0, 1, 2, 3}, "n2": set()})
+    agents.beat_all()
+    _staged_and_over(db, clock, agents, cache_bytes=0)  # bound at 1001
+    with db.read() as s:
+        read = {(r.shard, r.node): r.last_read_at for r in s.scalars(select(Replica))}
+    assert read[(0, "n1")] == read[(1, "n1")] == 1001.0  # rank 0 reads them on n1
+    assert read[(2, "n1")] is None and read[(3, "n1")] is None  # staged from there, not read there
+    assert read[(2, "n2")] is None and read[(3, "n2")] is None  # made by the staging: their time is updated_at

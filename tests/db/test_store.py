@@ -59,7 +59,7 @@ def setup_cluster(db: Database, clock: FakeClock, nodes=("n1", "n2")) -> None:  
                 n, replicas=[{"dataset": "d", "shard": i, "bytes": 1000, "sha256": SHA} for i in (0, 1)]))
 
 
-HEAD = "0013"  # the newest migration in migrations/versions
+HEAD = "0014"  # the newest migration in migrations/versions
 
 SPEC = {"name": "j", "resources": {"ranks": 2, "gpus_per_rank": 1}, "data": {"dataset": "d"},
         "train": {"epochs": 1}, "limits": {"time": "1h"}}
