@@ -211,6 +211,22 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
+HOT_ROUTES = (("POST", "/v1/agent/heartbeat"), ("POST", "/v1/jobs"))  # hundreds a second each
+
+
+def _hot_routes_first(routes: list[Any]) -> None:
+    """Put the routes of ``HOT_ROUTES`` first, the others in their order: the router tries its routes
+    one by one, and a submit, the 32nd, paid for 31 path matches (a tenth of its time on the event
+    loop).  Only the request each names matches it in full, so no other route's requests change hands."""
+    def rank(route: Any) -> int:
+        for i, (method, path) in enumerate(HOT_ROUTES):
+            if getattr(route, "path", None) == path and method in (getattr(route, "methods", None) or ()):
+                return i
+        return len(HOT_ROUTES)
+
+    routes.sort(key=rank)
+
+
 def create_app(ctx: ServerContext) -> FastAPI:
     """The API of the running server ``ctx`` (its ``db``, ``settings``, ``clock``, ``poke()``), kept in
     ``app.state.ctx`` for the routes.  Every route is declared in a module of ``RESOURCES`` with its
@@ -245,6 +261,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             rules[(r.method, r.path)] = r.access
             app.add_api_route(r.path, r.endpoint, methods=[r.method], **r.options)
         parsed_bodies += resource.routes.parsed_bodies
+    _hot_routes_first(app.router.routes)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(Gate, routes=app.router.routes, rules=rules, identities=identities, db=db)  # outermost

@@ -327,3 +327,24 @@ def test_a_removed_users_token_is_refused_at_once(world: World) -> None:
     world.ok("DELETE", "/v1/users/leaving", "admin")
     for method, path, body in (("GET", "/v1/whoami", None), ("GET", "/v1/jobs", None), ("POST", "/v1/jobs", {"spec": {}})):
         assert world.call(method, path, token, body) == (401, {"detail": "invalid token", "field": None}), path
+
+
+def test_the_hot_routes_are_tried_first_and_take_only_their_own_requests() -> None:
+    """The router tries heartbeats and submits before anything else (app._hot_routes_first); every
+    other route keeps its place, and no other route's method and path is one of theirs."""
+    import tempfile
+    from pathlib import Path
+
+    from scheduler.server.app import HOT_ROUTES, create_app
+    from scheduler.server.config import Settings
+    from scheduler.server.main import make_context
+
+    home = Path(tempfile.mkdtemp())
+    ctx = make_context(Settings(db=f"sqlite:///{home / 'g.db'}", home=home))
+    routes = create_app(ctx).router.routes
+    firsts = [(next(iter(r.methods)), r.path) for r in routes[:len(HOT_ROUTES)]]
+    assert firsts == list(HOT_ROUTES)
+    rest = [(m, r.path) for r in routes[len(HOT_ROUTES):] for m in (getattr(r, "methods", None) or ())]
+    assert not set(rest) & set(HOT_ROUTES)
+    assert rest.index(("GET", "/v1/health")) < rest.index(("GET", "/v1/jobs"))  # the others in their order
+    ctx.db.dispose()
