@@ -15,7 +15,8 @@ The grid (our assumptions; the traces carry no data or cluster information):
   this measure the 16 x 8 cluster on which the default lost to its baselines is load 3.2.
 - **Seeds** 0, 1, 2 (the data layout and each job's data set) on the 500-job slices; seed 0 only on
   the 5,000-job slices (:data:`SEEDS_BY_SLICE`).
-- **Node cache** 0 and 200 GB (staged shards kept on the node, LRU) on the 500-job slices; 0 only on
+- **Node cache** 0 and 200 GB (staged shards kept on the node, LRU: a server with ``node_cache_gb``) on
+  the 500-job slices; 0 only on
   the 5,000-job slices (:data:`CACHES_BY_SLICE`).
 - **Thinned** (:data:`LOADS_BY_SLICE`): the 5,000-job slices run at load 2.5 only, seed 0, cache 0.
   With every load, the grid ran past an hour on this 2-core machine (one contended 5,000-job cell
