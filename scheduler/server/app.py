@@ -275,6 +275,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
         parts, fields = [], []
         for err in e.errors():
             loc = list(err.get("loc", ()))
+            if err.get("type") == "json_invalid":  # its loc is ("body", character): name the body, say where
+                fields.append("body")
+                parts.append(f"body: not valid JSON ({err.get('msg')} at character {loc[-1] if len(loc) > 1 else 0})")
+                continue
             if loc and loc[0] in ("body", "query", "path", "header"):
                 loc = loc[1:]
             name = ".".join(str(p) for p in loc) or "body"

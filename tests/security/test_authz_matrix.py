@@ -348,3 +348,11 @@ def test_the_hot_routes_are_tried_first_and_take_only_their_own_requests() -> No
     assert not set(rest) & set(HOT_ROUTES)
     assert rest.index(("GET", "/v1/health")) < rest.index(("GET", "/v1/jobs"))  # the others in their order
     ctx.db.dispose()
+
+
+def test_a_body_that_is_not_json_is_named_and_located(world: World) -> None:
+    """Broken JSON is a 422 naming the body and the character where it broke, not a bare position."""
+    status, out = world.call("POST", "/v1/jobs", token_of(world, "owner"), NOT_JSON)
+    assert status == 422, out
+    assert out["field"] == "body" and out["detail"].startswith("body: not valid JSON ("), out
+    assert f"at character {len(NOT_JSON)})" in out["detail"], out
