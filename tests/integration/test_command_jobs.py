@@ -109,7 +109,9 @@ def test_a_plain_ddp_script_runs_on_two_ranks_with_torchruns_environment_and_loc
 
     # What the built-in shows, a [run] job shows too: `gsched show` (command, placement, ranks, shard map),
     # `gsched explain` (where it went, its local fraction), and the device-seconds it used in fair share.
-    shown = " ".join(c.cli("show", str(job_id)).stdout.split())  # as words: the table wraps long lines
+    # As words: the table wraps long lines; wide, so that no path is folded in the middle (a longer temp
+    # dir, as under two xdist workers, made the 150-column table cut the command's path in two).
+    shown = " ".join(c.cli("show", str(job_id), env={"COLUMNS": "400"}).stdout.split())
     assert f"job {job_id} ddp COMPLETED user {doc['user']}" in shown
     assert f"exec {sys.executable} {EXAMPLE} --epochs 2 (in {work})" in shown
     assert "n1, n2; 100% of bytes read locally, 0 B to stage" in shown

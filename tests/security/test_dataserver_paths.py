@@ -12,7 +12,7 @@ import hashlib
 import http.client
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -124,22 +124,26 @@ def test_the_real_shard_is_served_with_a_good_ticket(server: tuple[DataServer, P
         assert send(srv, "GET", "/shards/tiny/0", get_ticket("get", "tiny", 0, age_s=age))[0] == 200, age
 
 
+# Each case makes its headers when the test runs, not when the module is collected: a ticket stamped
+# "two minutes ahead" at collection was, ten minutes into the suite, an expired one, refused for the
+# wrong reason (and, run two to seven minutes after collection, accepted).
 @pytest.mark.parametrize("what,headers", [
-    ("no ticket", {}),
-    ("garbage ticket", {"X-Gsched-Ticket": "0" * 64, "X-Gsched-Time": str(int(time.time()))}),
-    ("expired ticket", get_ticket("get", "tiny", 0, age_s=3600)),
-    ("ticket from the future", get_ticket("get", "tiny", 0, age_s=-3600)),
+    ("no ticket", lambda: {}),
+    ("garbage ticket", lambda: {"X-Gsched-Ticket": "0" * 64, "X-Gsched-Time": str(int(time.time()))}),
+    ("expired ticket", lambda: get_ticket("get", "tiny", 0, age_s=3600)),
+    ("ticket from the future", lambda: get_ticket("get", "tiny", 0, age_s=-3600)),
     # Stamped minutes ahead: accepted as skew, it would last TTL + minutes (it used to last ten).
-    ("ticket stamped two minutes ahead", get_ticket("get", "tiny", 0, age_s=-120)),
-    ("ticket just past its life", get_ticket("get", "tiny", 0, age_s=TICKET_TTL_S + 5)),
-    ("ticket for another shard", get_ticket("get", "tiny", 1)),
-    ("ticket made with another key", {"X-Gsched-Ticket": ticket("other", "get", "tiny", 0, int(time.time())),
-                                      "X-Gsched-Time": str(int(time.time()))}),
-    ("time not a number", {"X-Gsched-Ticket": "x", "X-Gsched-Time": "soon"}),
+    ("ticket stamped two minutes ahead", lambda: get_ticket("get", "tiny", 0, age_s=-120)),
+    ("ticket just past its life", lambda: get_ticket("get", "tiny", 0, age_s=TICKET_TTL_S + 5)),
+    ("ticket for another shard", lambda: get_ticket("get", "tiny", 1)),
+    ("ticket made with another key", lambda: {"X-Gsched-Ticket": ticket("other", "get", "tiny", 0, int(time.time())),
+                                              "X-Gsched-Time": str(int(time.time()))}),
+    ("time not a number", lambda: {"X-Gsched-Ticket": "x", "X-Gsched-Time": "soon"}),
 ])
-def test_bad_tickets_are_refused(server: tuple[DataServer, Path, Path], what: str, headers: dict[str, str]) -> None:
+def test_bad_tickets_are_refused(server: tuple[DataServer, Path, Path], what: str,
+                                 headers: Callable[[], dict[str, str]]) -> None:
     srv, _, _ = server
-    status, body = send(srv, "GET", "/shards/tiny/0", headers)
+    status, body = send(srv, "GET", "/shards/tiny/0", headers())
     assert status == 403, (what, status, body)
 
 
