@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -25,9 +26,12 @@ def healthy_copies(c, name: str) -> dict[int, list[str]]:  # type: ignore[no-unt
 
 def test_job_on_a_node_without_its_data_stages_every_shard_and_completes(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
     # n3 in the copies' rack and one-rank blockers: the data set's layout (two whole copies, one rack)
-    # is then already what its jobs call for, so the background re-balance leaves n3 empty
+    # is then already what its jobs call for, so the background re-balance copies nothing to n3.  The
+    # copies the job stages there are surplus to that layout once it is over: without a node cache the
+    # re-balance drops them, sooner or later after the job (on a loaded machine before the checks
+    # below: they failed so); with one they stay (node_cache_gb, scheduler/server/replication.py).
     c = make_cluster([NodeSpec("n1", "r1"), NodeSpec("n2", "r1"), NodeSpec("n3", "r1")],
-                     extra_env={"GSCHED_LOCALITY_WAIT_S": "0"})
+                     extra_env={"GSCHED_LOCALITY_WAIT_S": "0", "GSCHED_NODE_CACHE_GB": "1"})
     c.start_server()
     c.start_agent("n1")
     c.start_agent("n2")
@@ -62,6 +66,10 @@ def test_job_on_a_node_without_its_data_stages_every_shard_and_completes(make_cl
     assert n3["staged_bytes"] == doc["transfer_bytes"]
     pairs = c.admin().get("/v1/transfers")
     assert sum(p["bytes"] for p in pairs if p["dst"] == "n3" and p["kind"] == "staging") == doc["transfer_bytes"]
+    # The node cache keeps them: cycles later, n3 still holds every staged shard, a healthy copy.
+    time.sleep(3)
+    assert all("n3" in healthy_copies(c, "tiny")[s["shard"]] for s in doc["shards"])
+    assert all(shard_path(c.data_dir("n3"), "tiny", s["shard"]).is_file() for s in doc["shards"])
     for b in blockers:
         c.cli("cancel", str(b))
 
