@@ -23,7 +23,7 @@ from typing import Any
 
 from agents.dataserver import DataServer, checkpoint_path
 from agents.devices import Devices
-from agents.fence import PIDS, Fence, Group, kill_group, not_ours, read_groups, record
+from agents.fence import PIDS, Fence, Group, not_ours, read_groups, record, sigkill_group
 from agents.inventory import ShardInventory, cpu_count, free_bytes
 from agents.launcher import RankRunner
 from agents.ports import DEFAULT_RANGE, PortRangeError, RendezvousPorts, parse_range
@@ -221,7 +221,7 @@ class Agent:
             why = not_ours(g)
             if why is not None:
                 log.info("left process group %s alone: %s", pgid, why)
-            elif kill_group(g):
+            elif sigkill_group(pgid):  # not_ours said it is the rank's: not asked again
                 log.warning("stopped rank process group %s left by a previous agent", pgid)
         self._pids_file().write_text("")
 

@@ -142,10 +142,13 @@ def not_ours(g: Group) -> str | None:
 
 def kill_group(g: Group) -> bool:
     """SIGKILL the rank process group ``g`` if it is still the rank's (``not_ours``); whether a signal went."""
-    if not_ours(g) is not None:
-        return False
+    return not_ours(g) is None and sigkill_group(g.pgid)
+
+
+def sigkill_group(pgid: int) -> bool:
+    """SIGKILL process group ``pgid``, already known to be the rank's; whether a signal went."""
     try:
-        os.killpg(g.pgid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
         return True
     except (ProcessLookupError, PermissionError):
         return False
