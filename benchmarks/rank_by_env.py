@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from agents.workloads.resnet_ddp.main import main
+from agents.workloads.resnet_ddp.main import leave, main
 
 if __name__ == "__main__":
     spec_dir = sys.argv[sys.argv.index("--spec-dir") + 1]
-    sys.exit(main(["--spec", os.path.join(spec_dir, f"rank-{os.environ['RANK']}.spec.json")]))
+    leave(main(["--spec", os.path.join(spec_dir, f"rank-{os.environ['RANK']}.spec.json")]))

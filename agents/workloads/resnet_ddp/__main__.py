@@ -1,7 +1,6 @@
-"""``python -m agents.workloads.resnet_ddp``: runs :func:`agents.workloads.resnet_ddp.main.main`."""
+"""``python -m agents.workloads.resnet_ddp``: runs :func:`agents.workloads.resnet_ddp.main.main` and leaves
+with its status by :func:`agents.workloads.resnet_ddp.main.leave` (no interpreter shutdown)."""
 
-import sys
+from agents.workloads.resnet_ddp.main import leave, main
 
-from agents.workloads.resnet_ddp.main import main
-
-sys.exit(main())
+leave(main())

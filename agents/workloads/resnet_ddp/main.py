@@ -7,6 +7,8 @@ gloo; timeout ``GSCHED_PG_TIMEOUT_S``, default 600 s), prints the ``started:`` l
 the group.  It returns the exit status: 0 finished (or stopped at ``stop_after_epochs``), 143 stopped by
 SIGTERM, 2 a bad rank spec or environment (the reason on stderr), 1 any other error (traceback on
 stderr).  ``--bench`` prints the bench's JSON lines instead and returns 0.
+
+:func:`leave` ends the rank process with that status without the interpreter's shutdown (why: there).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,23 @@ from agents.workloads.resnet_ddp.bench import print_bench
 from agents.workloads.resnet_ddp.runtime import resolve_runtime, threads
 from agents.workloads.resnet_ddp.spec import SpecError, parse_spec
 from agents.workloads.resnet_ddp.train import train
+
+
+def leave(code: int) -> NoReturn:
+    """Flush stdout and stderr and end the process with ``code``, skipping the interpreter's shutdown.
+
+    After a collective is waited on, PyTorch's gloo worker thread still drops its last references to
+    the collective's tensors, and through them to Python objects, for which it takes the GIL; a rank
+    that returns from its last collective straight into the interpreter's shutdown races it, and a
+    thread that asks for the GIL once shutdown has begun is ended by Python, which the C++ runtime
+    answers with abort(): SIGABRT ("terminate called without an active exception") after every epoch
+    finished, about one two-rank run in ten of examples/ddp_train.py here.  destroy_process_group()
+    does not join those threads while DDP still holds the group, so the rank leaves by ``os._exit``
+    instead; every file it writes is closed by then (each write is a ``with`` block)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
