@@ -8,7 +8,10 @@ why and the section goes on.
    from their own agent token, so that submit's device check passes; one data set registered with
    ``POST /v1/datasets``) takes ``POST /v1/jobs`` from 8 client threads with keep-alive connections
    (``http.client``: the lightest client, as the load generator shares the server's cores) for 10 s.
-   Baseline: ``GET /v1/health`` from the same threads for the same time (the HTTP floor).
+   Baseline: ``GET /v1/health`` from the same threads for the same time (the HTTP floor).  Each
+   client waits for its answer, so this rate is at most 8 / latency; after (2), the same from 16 and
+   32 threads, and the best of the three is the server's submit capacity, the figure the target
+   (>= 1,000 jobs/s) is read against, with its p99.
 2. Heartbeats: 1,000, then 5,000 of those agents post a real heartbeat every 5 s for 20 s, spread
    evenly, from a pool of threads (one per 50 agents, each with its own keep-alive connection, opened
    before the clock starts), while the server's cycle runs every second over the jobs submitted in
@@ -17,7 +20,8 @@ why and the section goes on.
    shows there as well as in the latency.  Baseline: the same heartbeat from one agent alone, before
    the others start (cycles running).
 
-``--quick``: both databases, 4 threads for 2 s of submits, fleets of 40 and 200 agents for 4 s.
+``--quick``: both databases, 4 threads (then 8 and 16) for 2 s of submits, fleets of 40 and 200 agents
+for 4 s.
 
 The clients run on the same 2 cores as the server, so the figures are lower bounds of the server;
 each figure carries the machine's load average (``/proc/loadavg``) when it started, and the CPU time
@@ -268,7 +272,8 @@ def _backend(report: Report, label: str, db: str | None, database_pid: int | Non
             report.add(Figure("control", f"{label}: submit throughput ({threads} client threads, {submit_s:.0f} s)",
                               f"{rate_s:.0f} jobs/s (p50 {_pct(lat_s, 50) * 1000:.1f} ms, p99 {_pct(lat_s, 99) * 1000:.1f} ms; "
                               f"{n_s} jobs; {cpu.per(n_s, 'job')}; {load})", f"vs GET /v1/health {rate_h:.0f} req/s: ratio {rate_s / rate_h:.2f}",
-                              ">= 1000 jobs/s", rate_s >= 1000))
+                              f"none (a closed loop of {threads} clients: at most {threads} / latency; the capacity "
+                              "figure carries the target)", None))
             one = {"a0000": tokens["a0000"]}
             idle = _agents(cluster.url, one, 0.05, 2.0 if report.quick else 5.0, 1)
             for n_agents in fleets:
@@ -287,8 +292,38 @@ def _backend(report: Report, label: str, db: str | None, database_pid: int | Non
                                   f"{_pct(idle, 99) * 1000:.1f} ms: ratio {p99 / _pct(idle, 99):.1f}",
                                   "p99 <= 50 ms" if biggest else "none (reported beside the target's fleet)",
                                   p99 <= 0.050 if biggest else None))
+            _capacity(report, label, cluster.url, token, server_pid, database_pid, submit_s, threads, rate_s, n_s)
         finally:
             cluster.close()
+
+
+def _capacity(report: Report, label: str, url: str, token: str, server_pid: int, database_pid: int | None,
+              submit_s: float, threads: int, rate_8: float, pending: int) -> None:
+    """Submits from 2x and 4x the client threads, after the heartbeat figures (so that those run over
+    the same queue as before): the server's capacity is the best rate, with its latency.  The closed
+    loop of the first figure cannot show it: each client waits for its answer, so its rate is at most
+    clients / latency, and a group-committed batch's latency is most of it (PostgreSQL: 8 clients,
+    about 8 ms each).  The cycle runs every second over a queue growing past ``pending`` jobs meanwhile,
+    so this is a lower bound."""
+    best: tuple[float, int, list[float]] | None = None
+    for k in (2 * threads, 4 * threads):
+        load = _load()
+        cpu = _Cpu(server_pid, database_pid)
+        n, t, lat = _hammer(url, token, submit_s, k, "POST", "/v1/jobs", {"spec": SPEC})
+        report.add(Figure("control", f"{label}: submit throughput ({k} client threads, {submit_s:.0f} s)",
+                          f"{n / t:.0f} jobs/s (p50 {_pct(lat, 50) * 1000:.1f} ms, p99 {_pct(lat, 99) * 1000:.1f} ms; "
+                          f"{n} jobs; {cpu.per(n, 'job')}; {load})", f"vs {threads} client threads {rate_8:.0f} jobs/s: "
+                          f"ratio {n / t / rate_8:.2f}", "none (the capacity figure carries the target)", None))
+        if best is None or n / t > best[0]:
+            best = (n / t, k, lat)
+    assert best is not None
+    rate, k, lat = best
+    report.add(Figure("control", f"{label}: submit capacity (the best of {threads}, {2 * threads} and {4 * threads} "
+                      f"client threads, {pending} jobs queued first)",
+                      f"{max(rate, rate_8):.0f} jobs/s at {k if rate >= rate_8 else threads} client threads"
+                      f" (p99 {_pct(lat, 99) * 1000:.1f} ms)" if rate >= rate_8 else f"{rate_8:.0f} jobs/s at {threads} client threads",
+                      f"vs {threads} client threads: ratio {max(rate, rate_8) / rate_8:.2f}", ">= 1000 jobs/s",
+                      max(rate, rate_8) >= 1000))
 
 
 def run(report: Report) -> None:
