@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, func, null, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.diskfloor import under_floor
@@ -107,7 +107,7 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
                      .where(Node.state == NodeState.UP).order_by(Node.name)).all()
     if not rows:
         return 0
-    c = _read(s, now, rows, disk_floor_bytes)
+    c = _read(s, now, rows, disk_floor_bytes, cached=cache_bytes > 0)
     _follow_jobs(s, now, c)
     budget = max(0, concurrency - inflight_n)
     made = _missing_copies(s, now, c, budget)
@@ -115,7 +115,10 @@ def schedule_replication(s: Session, now: float, concurrency: int, disk_floor_by
     return made
 
 
-def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None]], disk_floor_bytes: int) -> _Copies:
+def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None]], disk_floor_bytes: int,
+          cached: bool = True) -> _Copies:
+    """What the phase decides on; ``cached`` False (no node cache): without each copy's recency, which
+    only the cache's choice of what to keep reads."""
     up = [(name, rack) for name, rack, _, _ in rows]
     up_names = {n for n, _ in up}
     inflight = {(ds, i, dst) for ds, i, dst in s.execute(select(Transfer.dataset, Transfer.shard, Transfer.dst).where(
@@ -129,11 +132,12 @@ def _read(s: Session, now: float, rows: Sequence[Row[str, str, int, float | None
     ds_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     arriving: dict[tuple[str, int], list[str]] = defaultdict(list)  # expected copies, within the grace
     recency: dict[tuple[str, int, str], float] = {}  # when a copy came or was last read where it lies
+    read_col = Replica.last_read_at if cached else null()
     for ds, i, node, state, updated, read_at in s.execute(
-            select(Replica.dataset, Replica.shard, Replica.node, Replica.state, Replica.updated_at,
-                   Replica.last_read_at)):
+            select(Replica.dataset, Replica.shard, Replica.node, Replica.state, Replica.updated_at, read_col)):
         reps[(ds, i)].append((node, state))
-        recency[(ds, i, node)] = max(updated or 0.0, read_at or 0.0)
+        if cached:
+            recency[(ds, i, node)] = max(updated or 0.0, read_at or 0.0)
         if state == ReplicaState.STAGING and node in up_names and updated is not None and now - updated < STAGING_GRACE_S:
             arriving[(ds, i)].append(node)
         if state == ReplicaState.HEALTHY and node in up_names:

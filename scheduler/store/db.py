@@ -226,7 +226,7 @@ def _number_new_rows(session: Session, _context, _instances) -> None:  # type: i
         if mapper is None or len(mapper.primary_key) != 1:
             continue
         pk = mapper.primary_key[0]
-        if pk.autoincrement is not True and not (pk.autoincrement == "auto" and pk.type._type_affinity is Integer):
+        if pk.autoincrement is not True and not (pk.autoincrement == "auto" and isinstance(pk.type, Integer)):
             continue
         if getattr(obj, pk.key) is None:
             by_table.setdefault(cast(Table, pk.table), []).append(obj)
