@@ -9,6 +9,7 @@ mean JCT at most 5 % worse than without preemption.  It does not run the whole g
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -17,11 +18,17 @@ from scheduler.core.policy_config import PolicyConfig
 
 
 def parse_cell(text: str) -> Cell:
+    """``SLICE:LOAD[:SEED[:CACHE_GB]]``; a malformed one raises ``argparse.ArgumentTypeError`` naming it."""
     parts = text.split(":")
+    if not parts[0] or "_" not in parts[0] or len(parts) > 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: not SLICE:LOAD[:SEED[:CACHE_GB]] (e.g. itp_500:2.5:0:200)")
     slice_ = parts[0] if parts[0].endswith(".csv") else parts[0] + ".csv"
-    load = float(parts[1]) if len(parts) > 1 else 2.5
-    seed = int(parts[2]) if len(parts) > 2 else 0
-    cache = float(parts[3]) if len(parts) > 3 else 0.0
+    try:
+        load = float(parts[1]) if len(parts) > 1 else 2.5
+        seed = int(parts[2]) if len(parts) > 2 else 0
+        cache = float(parts[3]) if len(parts) > 3 else 0.0
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     return Cell(slice_, load, seed, cache)
 
 
@@ -47,7 +54,11 @@ def lines(rows: Sequence[tuple[Cell, Metrics, Metrics]]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    cells = [parse_cell(a) for a in argv] or [parse_cell("philly_500.csv:2.5")]
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality_preempt",
+                                description="twostage with [policy] preempt off and on over cells of the quality grid")
+    p.add_argument("cells", nargs="*", type=parse_cell, metavar="SLICE:LOAD[:SEED[:CACHE_GB]]",
+                   help="grid cells (default philly_500:2.5)")
+    cells = p.parse_args(list(argv)).cells or [parse_cell("philly_500.csv:2.5")]
     print("\n".join(lines(compare(cells))))
     return 0
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.quality import Cell, Metrics
-from benchmarks.quality_preempt import lines, parse_cell
+from benchmarks.quality_preempt import lines, main, parse_cell
 
 
 def metrics(mean_jct_s: float, jain: float, preemptions: int = 0, lost_ds: float = 0.0,
@@ -14,6 +16,16 @@ def metrics(mean_jct_s: float, jain: float, preemptions: int = 0, lost_ds: float
 def test_parse_cell() -> None:
     assert parse_cell("itp_500:1.5:2:200") == Cell("itp_500.csv", 1.5, 2, 200.0)
     assert parse_cell("philly_500.csv") == Cell("philly_500.csv", 2.5, 0, 0.0)
+
+
+@pytest.mark.parametrize("arg, says", [("--help", "SLICE:LOAD"), ("itp_500:x", "'itp_500:x': could not convert"),
+                                       ("itp", "'itp': not SLICE:LOAD"), ("itp_500:1:2:3:4", "not SLICE:LOAD")])
+def test_the_command_line_answers_help_and_names_a_malformed_cell(arg: str, says: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:  # before any simulation runs
+        main([arg])
+    out = capsys.readouterr()
+    assert says in out.out + out.err and stop.value.code == (0 if arg == "--help" else 2)
 
 
 def test_targets_are_judged_only_at_load_1_5_and_above() -> None:
