@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,23 @@ def job_toml(name: str = "t", *, ranks: int = 2, gpus: int = 1, dataset: str = "
              batch: int = 16, lr: float = 0.05, extra: str = "", limits: str = 'time = "10m"') -> str:
     return (f'name = "{name}"\n[resources]\nranks = {ranks}\ngpus_per_rank = {gpus}\n[data]\ndataset = "{dataset}"\n'
             f"[train]\nepochs = {epochs}\nbatch_size = {batch}\nlr = {lr}\n{extra}\n[limits]\n{limits}\n")
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections while the block lasts: bound here and never listened
+    on.  A port merely checked free (``free_port``) can meanwhile be bound by a server of another test:
+    the other xdist worker draws from the same range, and a client meant to be refused reaches it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        yield held.getsockname()[1]
+
+
+@pytest.fixture
+def refused_url() -> Iterator:
+    """``refused_url()``: an ``http://127.0.0.1:PORT`` that refuses connections until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda: f"http://127.0.0.1:{stack.enter_context(refused_port())}"
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cli.localcluster import NodeSpec, free_port
+from scheduler.cli.localcluster import NodeSpec
 from tests.conftest import TINY_SOURCE, job_toml
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ def test_login_writes_a_private_config_that_every_verb_reads(cluster, tmp_path) 
     assert cluster.cli("queue", "--json", env=env).returncode == 0
 
 
-def test_flags_and_environment_come_before_the_config_file(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_flags_and_environment_come_before_the_config_file(cluster, tmp_path, refused_url) -> None:  # type: ignore[no-untyped-def]
     env = as_alice_via_config(tmp_path)
     token_file = tmp_path / "alice.token"
     token_file.write_text(cluster.alice + "\n")
@@ -67,7 +67,7 @@ def test_flags_and_environment_come_before_the_config_file(cluster, tmp_path) ->
     assert cluster.cli("user", "list", env={**env, "GSCHED_TOKEN": admin}).returncode == 0
     assert cluster.cli("--token", admin, "user", "list", env=env).returncode == 0
     # The flag's server wins over the config file's.
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = refused_url()
     out = cluster.cli("--server", dead, "queue", check=False, env=env)
     assert out.returncode == 3 and dead in out.stderr
 
@@ -107,8 +107,8 @@ def test_exit_codes_tell_failures_apart(cluster, tmp_path) -> None:  # type: ign
         assert out.returncode == code, f"{what}: {out.returncode} {out.stderr}"
 
 
-def test_an_unreachable_server_is_said_at_once_with_status_3(cluster) -> None:  # type: ignore[no-untyped-def]
-    dead = f"http://127.0.0.1:{free_port()}"
+def test_an_unreachable_server_is_said_at_once_with_status_3(cluster, refused_url) -> None:  # type: ignore[no-untyped-def]
+    dead = refused_url()
     for verb in (["queue"], ["nodes"], ["show", "1"]):
         out = cluster.cli("--server", dead, *verb, check=False)
         assert out.returncode == 3, out.stderr
@@ -135,10 +135,10 @@ def test_a_server_whose_host_does_not_answer_is_said_unreachable_within_the_conn
         srv.close()
 
 
-def test_submit_to_a_down_server_retries_with_its_request_id_saying_so(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_submit_to_a_down_server_retries_with_its_request_id_saying_so(cluster, tmp_path, refused_url) -> None:  # type: ignore[no-untyped-def]
     job = tmp_path / "job.toml"
     job.write_text(job_toml("retry", ranks=1))
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = refused_url()
     out = cluster.cli("--server", dead, "submit", str(job), "--request-id", "r-123", "--retry-s", "1", check=False)
     assert out.returncode == 3
     assert "retrying with request id r-123 for up to 1 s" in out.stderr

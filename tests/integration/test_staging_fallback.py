@@ -23,8 +23,8 @@ from agents.launcher import RankRunner
 from agents.shardfile import MAGIC
 from agents.staging import ShardFlights
 from agents.throttle import Throttle
-from scheduler.cli.localcluster import free_port
 from scheduler.protocol.messages import Assignment
+from tests.conftest import refused_port
 
 KEY = "k" * 64
 GOOD = MAGIC + b"the real shard bytes" * 100
@@ -69,8 +69,9 @@ def peers(tmp_path: Path) -> Iterator[dict[str, Any]]:
         servers.append(srv)
         addresses[name] = f"127.0.0.1:{srv.port}"
         addresses["servers"][name] = srv
-    addresses["dead"] = f"127.0.0.1:{free_port()}"  # nothing listens there
-    yield addresses
+    with refused_port() as dead:  # held bound, never listened on, for the test's length
+        addresses["dead"] = f"127.0.0.1:{dead}"
+        yield addresses
     for srv in servers:
         srv.stop()
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from agents.agent import Agent, ServerUnavailable
-from scheduler.cli.localcluster import free_port
 from scheduler.protocol.client import Client
 from scheduler.protocol.http import send
 from scheduler.protocol.servererror import ServerError
@@ -62,12 +61,8 @@ def servers() -> Iterator[Any]:
         srv.httpd.server_close()
 
 
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there, and nothing of ours will
-
-
-def test_the_cli_fails_over_past_a_dead_server_and_a_5xx_and_stays_on_the_one_that_answered(servers) -> None:  # type: ignore[no-untyped-def]
-    down = dead_url()
+def test_the_cli_fails_over_past_a_dead_server_and_a_5xx_and_stays_on_the_one_that_answered(servers, refused_url) -> None:  # type: ignore[no-untyped-def]
+    down = refused_url()
     failing = servers(503, {"detail": "a standby"})
     good = servers(200, {"ok": True})
     c = Client(f"{down},{failing.url},{good.url}", token="gsu_x")
@@ -92,8 +87,8 @@ def test_a_5xx_from_the_last_server_is_the_answer(servers) -> None:  # type: ign
     assert (e.value.status, e.value.message) == (500, "Internal Server Error")
 
 
-def test_when_no_server_answers_the_cli_names_each_one_and_what_to_do() -> None:
-    first, second = dead_url(), dead_url()
+def test_when_no_server_answers_the_cli_names_each_one_and_what_to_do(refused_url) -> None:  # type: ignore[no-untyped-def]
+    first, second = refused_url(), refused_url()
     with pytest.raises(ServerError) as e:
         Client(f"{first}, {second}", token="gsu_x", timeout_s=2).get("/v1/jobs")
     assert e.value.status == 0
@@ -114,7 +109,7 @@ def test_the_caller_decides_which_failures_fail_over(servers) -> None:  # type: 
     assert (e.value.status, e.value.message) == (0, f"{invalid.url}: HTTP 422 ranks.0.state: bad")
 
 
-def test_the_agent_fails_over_on_any_answer_but_a_refused_token(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_agent_fails_over_on_any_answer_but_a_refused_token(servers, tmp_path: Path, refused_url) -> None:  # type: ignore[no-untyped-def]
     invalid = servers(422, {"detail": "bad heartbeat"})
     good = servers(200, {"assignments": []})
     agent = Agent([invalid.url, good.url], "n1", "r1", "1", tmp_path / "a", token="gsa_x")
@@ -122,13 +117,13 @@ def test_the_agent_fails_over_on_any_answer_but_a_refused_token(servers, tmp_pat
     assert [(m, p, json.loads(b)) for m, p, b in good.asked] == [("POST", "/v1/agent/heartbeat", {"node": "n1"})]
 
     with pytest.raises(ServerUnavailable, match="HTTP 422 bad heartbeat"):
-        Agent([invalid.url, dead_url()], "n2", "r1", "1", tmp_path / "b", token="gsa_x")._post("/x", {})
+        Agent([invalid.url, refused_url()], "n2", "r1", "1", tmp_path / "b", token="gsa_x")._post("/x", {})
     refusing = servers(401, {"detail": "invalid token"})
     with pytest.raises(SystemExit, match=r"refused this agent's token \(401\): invalid token"):
         Agent([refusing.url, good.url], "n3", "r1", "1", tmp_path / "c", token="gsa_x")._post("/x", {})
 
 
-def test_one_request_to_a_data_server_streams_a_file_and_says_what_a_refusal_said(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_one_request_to_a_data_server_streams_a_file_and_says_what_a_refusal_said(servers, tmp_path: Path, refused_url) -> None:  # type: ignore[no-untyped-def]
     taker = servers(201, text="stored\n")
     body = tmp_path / "shard"
     body.write_bytes(b"x" * 5000)
@@ -140,7 +135,7 @@ def test_one_request_to_a_data_server_streams_a_file_and_says_what_a_refusal_sai
         send(refusing.url + "/nudge", "POST", b"", direct=True)
     assert (e.value.status, e.value.message) == (403, "a valid agent ticket is required")
     with pytest.raises(OSError):
-        send(dead_url() + "/health", timeout_s=2)
+        send(refused_url() + "/health", timeout_s=2)
 
 
 class Canned:
@@ -201,9 +196,9 @@ def test_an_answer_that_is_not_http_is_no_answer_and_fails_over(servers) -> None
     assert e.value.status == 0 and "ended after 1 of 100 bytes" in e.value.message
 
 
-def test_with_a_proxy_variable_set_requests_go_through_urllib(servers, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_with_a_proxy_variable_set_requests_go_through_urllib(servers, monkeypatch: pytest.MonkeyPatch, refused_url) -> None:  # type: ignore[no-untyped-def]
     good = servers(200, {"ok": True})
-    monkeypatch.setenv("HTTP_PROXY", dead_url())  # a proxy that is down ...
+    monkeypatch.setenv("HTTP_PROXY", refused_url())  # a proxy that is down ...
     monkeypatch.setenv("no_proxy", "127.0.0.1")  # ... and not used for loopback: urllib reads both
     assert Client(good.url, token="gsu_x").get("/v1/health") == {"ok": True}
     monkeypatch.delenv("no_proxy")

@@ -13,6 +13,7 @@ import pytest
 
 from agents.rankfail import rendezvous_failure
 from scheduler.cli.localcluster import free_port  # from a range no outgoing connection draws
+from tests.conftest import refused_port
 
 SCRIPT = """
 import datetime, sys
@@ -49,12 +50,10 @@ def test_peers_that_never_join_and_a_store_that_cannot_be_reached_are_rendezvous
     alone = run_rank(tmp_path, free_port(), rank=0, world=2)
     lonely = rendezvous_failure(alone)
     assert lonely is not None and "waiting for clients" in lonely, alone[-2000:]
-    # The port is held bound, never listened on, for the whole run: a free port merely checked could be
-    # taken meanwhile by a server of another test (another xdist worker draws from the same range), and
-    # the rank would then reach that one and fail some other way (it did so once, on a fresh clone).
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", free_port()))
-        text = run_rank(tmp_path, held.getsockname()[1], rank=1, world=2)
+    # refused_port, not free_port: a port merely checked free can be taken meanwhile by another test's
+    # server, and the rank then fails some other way (it did so once, on a fresh clone).
+    with refused_port() as port:
+        text = run_rank(tmp_path, port, rank=1, world=2)
     unreachable = rendezvous_failure(text)
     assert unreachable is not None and "trying to connect to" in unreachable, text[-2000:]
 
