@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +28,16 @@ def refused_port() -> Iterator[int]:
     """A loopback port that refuses connections while the block lasts: bound here and never listened
     on.  A port merely checked free (``free_port``) can meanwhile be bound by a server of another test:
     the other xdist worker draws from the same range, and a client meant to be refused reaches it."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", free_port()))
+    with socket.socket() as held:  # no SO_REUSEADDR: then no server can bind the port beside it either
+        for _ in range(50):
+            try:  # free_port() counts a port in TIME_WAIT as free (a server can bind it): the next one then
+                held.bind(("127.0.0.1", free_port()))
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+        else:
+            raise RuntimeError("no port to hold refused in 50 tries")
         yield held.getsockname()[1]
 
 
