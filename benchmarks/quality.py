@@ -112,6 +112,8 @@ class Metrics:
     preemptions: int = 0  # with [policy] preempt (run_grid(cfg=PolicyConfig(preempt=True)))
     preempted_device_s: float = 0.0  # device-seconds of work lost to preemption
     busy_device_s: float = 0.0  # device-seconds held over the makespan (utilisation x capacity)
+    gang_bound_share: float = 0.0  # share of used device time in gang-bound windows (simulator.gang_bound)
+    jain_unbound: float = 1.0  # Jain over the other windows
 
 
 def offered_load_devices(trace: Sequence[TraceJob]) -> float:
@@ -151,7 +153,8 @@ def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
                                  r.max_queue_s, r.jain, r.local_fraction, r.bytes_moved, r.makespan_s,
                                  r.utilization, cluster.nodes, r.clipped, r.unfinished,
                                  time.perf_counter() - t0, r.preemptions, r.preempted_device_s,
-                                 r.utilization * r.makespan_s * cluster.nodes * cluster.devices_per_node)
+                                 r.utilization * r.makespan_s * cluster.nodes * cluster.devices_per_node,
+                                 r.gang_bound_share, r.jain_unbound)
 
 
 def _lower_priority() -> None:

@@ -4,7 +4,11 @@
 ``philly_500.csv:2.5``) replays each cell with ``twostage`` with ``[policy] preempt`` off and on, and
 prints mean JCT, Jain, preemptions and the share of held device time lost to preemption, with the
 issue's targets for cells at offered load >= 1.5: Jain >= 0.95, at most 3 % of device time lost,
-mean JCT at most 5 % worse than without preemption.  It does not run the whole grid (40+ minutes).
+mean JCT at most 5 % worse than without preemption.  Beside Jain it prints how much of the used device
+time fell in *gang-bound* windows (``scheduler.sim.simulator.gang_bound``: a user under their part
+waits for, or over it holds, a job wider than the part) and Jain over the other windows, which tells
+a policy's unfairness from the one the trace's gang widths force.  It does not run the whole grid (40+
+minutes).
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def lines(rows: Sequence[tuple[Cell, Metrics, Metrics]]) -> list[str]:
                    if cell.load >= 1.5 else "load < 1.5: no targets")
         out.append(f"{cell.name}: mean JCT {off.mean_jct_s:.0f} -> {on.mean_jct_s:.0f} s ({100 * jct:+.1f} %), "
                    f"Jain {off.jain:.3f} -> {on.jain:.3f}, {on.preemptions} preemptions, "
-                   f"{100 * lost:.2f} % of device time lost; {targets}")
+                   f"{100 * lost:.2f} % of device time lost; gang-bound windows {100 * on.gang_bound_share:.1f} % of "
+                   f"the used device time, Jain outside them {on.jain_unbound:.3f}; {targets}")
     return out
 
 
