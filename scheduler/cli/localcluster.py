@@ -7,11 +7,13 @@ and stopped (SIGTERM, then SIGKILL) by ``close()``, which is also registered wit
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,13 +29,46 @@ from scheduler.protocol.client import Client
 # twice by this process, each process starting at its own place.  A port found by binding port 0 and
 # letting it go could be drawn by any outgoing connection on the machine before the server binds it.
 FREE_PORTS = RendezvousPorts(30400, 31599, start=os.getpid())
+# A port checked bindable can still be taken by another process doing the same before its server binds
+# it (two test workers, whose pids are neighbours, walk the range one step apart); so each port is also
+# claimed with an exclusive lock on a file named after it, which every process using free_port() honours.
+# The lock lives as long as its descriptor: until release_port(), or until this process ends, however.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "gsched-ports"
+_claims: dict[int, int] = {}  # port -> the descriptor holding its claim
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process; False if another process holds it.  Where the claim files
+    cannot be made (another user's directory), the port goes unclaimed, as before claims existed."""
+    try:
+        PORT_CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+        fd = os.open(PORT_CLAIMS / str(port), os.O_RDONLY | os.O_CREAT, 0o444)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _claims[port] = fd
+    return True
 
 
 def free_port() -> int:
-    port = FREE_PORTS.take(object())
-    if port is None:
-        raise RuntimeError(f"no free port in {FREE_PORTS}")
-    return port
+    """A port no server or test of this machine's gsched processes is using or about to use."""
+    while True:
+        port = FREE_PORTS.take(object())
+        if port is None:
+            raise RuntimeError(f"no free port in {FREE_PORTS}")
+        if _claim(port):
+            return port
+
+
+def release_port(port: int) -> None:
+    """Give up this process's claim on ``port`` (once nothing of it listens there)."""
+    fd = _claims.pop(port, None)
+    if fd is not None:
+        os.close(fd)
 
 
 @dataclass
@@ -239,6 +274,8 @@ class LocalCluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        for port in self.ports:  # its servers are gone: another process may have the ports
+            release_port(port)
 
     # ------------------------------------------------------------ clients and commands
     def admin_token(self) -> str:
