@@ -34,12 +34,13 @@ FREE_PORTS = RendezvousPorts(30400, 31599, start=os.getpid())
 # claimed with an exclusive lock on a file named after it, which every process using free_port() honours.
 # The lock lives as long as its descriptor: until release_port(), or until this process ends, however.
 PORT_CLAIMS = Path(tempfile.gettempdir()) / "gsched-ports"
-_claims: dict[int, int] = {}  # port -> the descriptor holding its claim
+_claims: dict[int | str, int] = {}  # port (or block name) -> the descriptor holding its claim
 
 
-def _claim(port: int) -> bool:
-    """Claim ``port`` for this process; False if another process holds it.  Where the claim files
-    cannot be made (another user's directory), the port goes unclaimed, as before claims existed."""
+def _claim(port: int | str) -> bool:
+    """Claim ``port`` (or a block of them, by name) for this process; False if another process holds
+    it.  Where the claim files cannot be made (another user's directory), it goes unclaimed, as before
+    claims existed."""
     try:
         PORT_CLAIMS.mkdir(mode=0o1777, exist_ok=True)
         fd = os.open(PORT_CLAIMS / str(port), os.O_RDONLY | os.O_CREAT, 0o444)
@@ -64,8 +65,8 @@ def free_port() -> int:
             return port
 
 
-def release_port(port: int) -> None:
-    """Give up this process's claim on ``port`` (once nothing of it listens there)."""
+def release_port(port: int | str) -> None:
+    """Give up this process's claim on ``port`` or a block (once nothing of it listens there)."""
     fd = _claims.pop(port, None)
     if fd is not None:
         os.close(fd)
@@ -87,8 +88,9 @@ class NodeSpec:
 
 # The agents of one machine must not share a range of rendezvous ports (each would check a port is free,
 # hand it out, and another agent could hand it out too before the rank binds it): each gets a block of
-# its own, from 29500-30399, the next free block of this process; a process starts at its own block,
-# so clusters of two test runs on one machine use different ports too.
+# its own, from 29500-30399, the next block of this process that no other process has claimed (as
+# free_port() claims ports; the cluster gives its agents' blocks back when it closes); a process starts
+# at its own block.  When every block is claimed (more than 18 agents at once) the next is shared.
 RENDEZVOUS_BASE = 29500
 RENDEZVOUS_EACH = 50
 RENDEZVOUS_BLOCKS = 18
@@ -96,11 +98,17 @@ _next_block = os.getpid() % RENDEZVOUS_BLOCKS
 
 
 def rendezvous_block() -> str:
-    """The next block of rendezvous ports for an agent this process starts, as ``FIRST-LAST``."""
+    """The next block of rendezvous ports for an agent this process starts, as ``FIRST-LAST``, claimed
+    (:func:`release_port` with that text gives it back) unless every block is claimed."""
     global _next_block
-    first = RENDEZVOUS_BASE + RENDEZVOUS_EACH * _next_block
-    _next_block = (_next_block + 1) % RENDEZVOUS_BLOCKS
-    return f"{first}-{first + RENDEZVOUS_EACH - 1}"
+    block = ""
+    for _ in range(RENDEZVOUS_BLOCKS):
+        first = RENDEZVOUS_BASE + RENDEZVOUS_EACH * _next_block
+        _next_block = (_next_block + 1) % RENDEZVOUS_BLOCKS
+        block = f"{first}-{first + RENDEZVOUS_EACH - 1}"
+        if block not in _claims and _claim(block):
+            return block
+    return block
 
 
 class LocalCluster:
@@ -136,6 +144,7 @@ class LocalCluster:
         if db:
             self.env["GSCHED_DB"] = db
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.blocks: list[str] = []  # rendezvous blocks rendezvous_block() gave this cluster's agents
         atexit.register(self.close)
 
     # ------------------------------------------------------------ processes
@@ -182,6 +191,7 @@ class LocalCluster:
         spec = self.nodes[node]
         if not spec.rendezvous_ports:
             spec.rendezvous_ports = rendezvous_block()
+            self.blocks.append(spec.rendezvous_ports)
         return spec.rendezvous_ports
 
     def start_agent(self, node: str) -> None:
@@ -274,8 +284,11 @@ class LocalCluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        for port in self.ports:  # its servers are gone: another process may have the ports
+        for port in self.ports:  # its servers and agents are gone: another process may have their ports
             release_port(port)
+        for block in self.blocks:
+            release_port(block)
+        self.blocks.clear()
 
     # ------------------------------------------------------------ clients and commands
     def admin_token(self) -> str:

@@ -44,3 +44,31 @@ def test_a_released_port_can_be_claimed_by_another_process() -> None:
     release_port(port)
     freed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert freed.stdout.strip() == "True"
+
+
+HOLD_BLOCK = """
+import sys
+from scheduler.cli import localcluster
+localcluster._next_block = 0
+print(localcluster.rendezvous_block(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_two_processes_starting_at_the_same_rendezvous_block_get_different_ones() -> None:
+    other = subprocess.Popen([sys.executable, "-c", HOLD_BLOCK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    saved = localcluster._next_block
+    try:
+        assert other.stdout is not None
+        theirs = other.stdout.readline().strip()
+        localcluster._next_block = 0
+        mine = localcluster.rendezvous_block()
+        # both walk the blocks from block 0: without claims both would get block 0's range
+        assert theirs and mine != theirs
+        release_port(mine)
+    finally:
+        localcluster._next_block = saved
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(10)
