@@ -33,10 +33,11 @@ summary line per metric: in how many cells ``twostage`` is within tolerance of t
 that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also writes the table
 (averaged over seeds) and ``quality_grid.png`` (mean JCT and local reads against load).
 
-Preemption (``[policy] preempt``, off by default) is measured by passing
-``cfg=PolicyConfig(preempt=True)`` to :func:`run_grid` (or ``python -m benchmarks.quality_preempt``
-for one or a few cells, on and off side by side); the cells' ``preemptions`` and
-``preempted_device_s`` say how often and how much work it cost.
+Preemption (``[policy] preempt``, off by default): every cell also runs ``twostage+preempt``
+(:data:`PREEMPT`: ``twostage`` with ``[policy] preempt`` on and its other defaults), a row of the table
+and a line of the plot, with its own summary lines against the same baselines (reported: the targets
+are the default's).  ``python -m benchmarks.quality_preempt`` runs one or a few cells on and off side
+by side; the cells' ``preemptions`` and ``preempted_device_s`` say how often and how much work it cost.
 
 Cells run in worker processes (:data:`WORKERS`, at ``nice`` 10 on top of the caller's).  ``--quick``
 keeps a corner: the first 150 jobs of the two 500-job slices at load 2.5, seed 0, both caches.
@@ -50,7 +51,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.common import Figure, Report
@@ -71,6 +72,8 @@ CACHES_BY_SLICE = {"philly_500.csv": CACHES_GB, "itp_500.csv": CACHES_GB, "phill
                    "itp_5000.csv": (0.0,)}
 POLICIES = ("twostage", "fairshare", "flow", "fifo", "backfill")
 BASELINES = POLICIES[1:]
+PREEMPT = "twostage+preempt"  # a run label: the arbiter, then "+preempt" for [policy] preempt on
+ROWS = (*POLICIES, PREEMPT)  # what each cell runs
 DEVICES_PER_NODE = 8
 WORKERS = 2
 QUICK_LIMIT = 150
@@ -143,12 +146,15 @@ def grid(quick: bool) -> list[Cell]:
 
 
 def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
-    """One policy over one cell (in a worker process)."""
+    """One policy over one cell (in a worker process); ``ARBITER+preempt`` runs it with preemption on."""
     cell, policy, cfg = job
+    arbiter = policy.removesuffix("+preempt")
+    if arbiter != policy:
+        cfg = replace(cfg, preempt=True)
     trace = load_trace(TRACES / cell.slice, cell.limit)
     cluster = cluster_for(trace, cell.load)
     t0 = time.perf_counter()
-    r: SimResult = simulate(trace, policy, cluster, data_for(cell), seed=cell.seed, cfg=cfg)
+    r: SimResult = simulate(trace, arbiter, cluster, data_for(cell), seed=cell.seed, cfg=cfg)
     return cell, policy, Metrics(r.mean_jct_s, r.p50_jct_s, r.p95_jct_s, r.p50_queue_s, r.p99_queue_s,
                                  r.max_queue_s, r.jain, r.local_fraction, r.bytes_moved, r.makespan_s,
                                  r.utilization, cluster.nodes, r.clipped, r.unfinished,
@@ -195,13 +201,15 @@ def _gap(metric: str, higher: bool, v: float, best: float) -> float:
     return v / best if best > 0 else (1.0 if v <= 0 else float("inf"))
 
 
-def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> list[Figure]:
-    """One figure per metric: cells where twostage is within tolerance of the cell's best baseline."""
+def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], who: str = "twostage") -> list[Figure]:
+    """One figure per metric: cells where ``who`` (the default ``twostage``, or :data:`PREEMPT`, whose
+    lines are reported without a target) is within tolerance of the cell's best baseline."""
     figs = []
+    suffix = "" if who == "twostage" else f" ({who})"
     for metric, label, higher, ok, words in TOLERANCES:
         met, worst, worst_gap, worst_words = 0, None, -float("inf"), ""
         for cell in cells:
-            v = getattr(res[(cell, "twostage")], metric)
+            v = getattr(res[(cell, who)], metric)
             vals = {p: getattr(res[(cell, p)], metric) for p in BASELINES}
             best_p = max(vals, key=lambda p: vals[p]) if higher else min(vals, key=lambda p: vals[p])
             best = vals[best_p]
@@ -209,22 +217,23 @@ def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> li
             gap = _gap(metric, higher, v, best)
             if gap > worst_gap:
                 worst, worst_gap = cell, gap
-                worst_words = f"twostage {_fmt(metric, v)} vs {best_p} {_fmt(metric, best)}"
+                worst_words = f"{who} {_fmt(metric, v)} vs {best_p} {_fmt(metric, best)}"
         where = worst.name if worst is not None else "none"
-        figs.append(Figure("quality", f"grid, {label}", f"twostage {words} of the best baseline in {met} of "
+        target = f"every cell {words}" if who == "twostage" else "reported (the targets are the default's)"
+        figs.append(Figure("quality", f"grid, {label}{suffix}", f"{who} {words} of the best baseline in {met} of "
                            f"{len(cells)} cells; worst cell: {where} ({worst_words})",
-                           f"{met}/{len(cells)} cells", f"every cell {words}", met == len(cells)))
+                           f"{met}/{len(cells)} cells", target, met == len(cells) if who == "twostage" else None))
     # the starvation column: the longest any job waited, twostage against the best baseline
     worst_cell, worst_ratio, words = None, -1.0, ""
     for cell in cells:
-        v = res[(cell, "twostage")].max_queue_s
+        v = res[(cell, who)].max_queue_s
         best_p = min(BASELINES, key=lambda p: res[(cell, p)].max_queue_s)
         best = res[(cell, best_p)].max_queue_s
         ratio = v / best if best > 0 else 1.0
         if ratio > worst_ratio:
             worst_cell, worst_ratio = cell, ratio
-            words = f"twostage {_fmt('max_queue_s', v)} vs {best_p} {_fmt('max_queue_s', best)}"
-    figs.append(Figure("quality", "grid, max queueing", f"largest ratio to the best baseline's "
+            words = f"{who} {_fmt('max_queue_s', v)} vs {best_p} {_fmt('max_queue_s', best)}"
+    figs.append(Figure("quality", f"grid, max queueing{suffix}", f"largest ratio to the best baseline's "
                        f"{worst_ratio:.2f}: {worst_cell.name if worst_cell else 'none'} ({words})",
                        f"worst ratio {worst_ratio:.2f}", "no target (the starvation column)", None))
     return figs
@@ -247,7 +256,9 @@ def table(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> str:
                   if k[0] in SLICES else 9, k[1], k[2]))
     for s, load, cache in keys:
         group = [c for c in cells if (c.slice, c.load, c.cache_gb) == (s, load, cache)]
-        for p in POLICIES:
+        for p in ROWS:
+            if any((c, p) not in res for c in group):
+                continue
             ms = [res[(c, p)] for c in group]
 
             def avg(attr: str, ms: list[Metrics] = ms) -> float:
@@ -271,12 +282,12 @@ def plot(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], path: Path
 
     slices = [s for s in SLICES if any(c.slice == s for c in cells)]
     fig, axes = plt.subplots(2, len(slices), figsize=(4.2 * len(slices), 7), squeeze=False)
-    colours = dict(zip(POLICIES, ("C3", "C0", "C2", "C7", "C1"), strict=True))
+    colours = dict(zip(ROWS, ("C3", "C0", "C2", "C7", "C1", "C4"), strict=True))
     for col, s in enumerate(slices):
         for row, (attr, label, scale) in enumerate((("mean_jct_s", "mean JCT (h)", 3600.0),
                                                     ("local_fraction", "local-read fraction", 1.0))):
             ax = axes[row][col]
-            for p in POLICIES:
+            for p in (r for r in ROWS if all((c, r) in res for c in cells)):
                 for cache, style in zip(CACHES_GB, ("-", "--"), strict=True):
                     loads = sorted({c.load for c in cells if c.slice == s and c.cache_gb == cache})
                     ys = [statistics.fmean(getattr(res[(c, p)], attr) / scale for c in cells
@@ -303,7 +314,7 @@ def run(report: Report) -> None:
     if not cells:
         return
     t0 = time.perf_counter()
-    total, done = len(cells) * len(POLICIES), [0]
+    total, done = len(cells) * len(ROWS), [0]
 
     def progress(cell: Cell, policy: str, m: Metrics) -> None:  # the grid takes half an hour: say how far
         done[0] += 1
@@ -311,8 +322,9 @@ def run(report: Report) -> None:
               f"local {m.local_fraction:.3f} ({m.wall_s:.0f} s; {time.perf_counter() - t0:.0f} s so far)",
               file=sys.stderr, flush=True)
 
-    res = run_grid(cells, progress=progress)
-    report.note("quality", f"{len(cells)} cells x {len(POLICIES)} policies in {time.perf_counter() - t0:.0f} s "
+    res = run_grid(cells, ROWS, progress=progress)
+    report.note("quality", f"{len(cells)} cells x {len(ROWS)} runs ({', '.join(ROWS)}) in "
+                f"{time.perf_counter() - t0:.0f} s "
                 f"({WORKERS} worker processes); sizes: " + "; ".join(sorted(
                     {f"{c.slice.removesuffix('.csv')} load {c.load}: {res[(c, 'twostage')].nodes} nodes"
                      for c in cells})))
@@ -320,7 +332,7 @@ def run(report: Report) -> None:
     if clipped:
         report.note("quality", "jobs clipped to the cluster in: " + ", ".join(
             f"{s.removesuffix('.csv')} load {load}" for s, load in clipped))
-    for fig in summarise(res, cells):
+    for fig in summarise(res, cells) + summarise(res, cells, PREEMPT):
         report.add(fig)
     if not report.quick:
         report.sections["## Quality grid"] = (

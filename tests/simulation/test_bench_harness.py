@@ -25,9 +25,13 @@ def test_quick_bench_prints_one_line_per_figure_and_writes_results(tmp_path: Pat
     ratio = [f for f in cycle if "decide / stage 1" in f and "ratio " in f]
     assert len(latency) == 2 and len(ratio) == 2 and len(cycle) == 4
     if (TRACES / "philly_500.csv").is_file() and (TRACES / "itp_500.csv").is_file():
-        # one line per metric (mean JCT, p95 JCT, Jain, local reads, bytes, max queueing) over 4 cells
-        assert len(quality) == 6
+        # one line per metric (mean JCT, p95 JCT, Jain, local reads, bytes, max queueing) over 4 cells, for
+        # the default and again for twostage+preempt (reported, no target)
+        assert len(quality) == 12
         assert all(" 4 cells" in f or "max queueing" in f for f in quality)
+        on = [f for f in quality if "(twostage+preempt)" in f]
+        assert len(on) == 6 and all("twostage+preempt within" in f or "max queueing" in f for f in on)
+        assert all(f.endswith("n/a") for f in on)
     text = out.read_text()
     assert "machine:" in text and "date:" in text
     assert all(f"- {f}" in text for f in figures)
