@@ -11,6 +11,7 @@ import pytest
 
 import scheduler.sim.simulator as simmod
 from scheduler.sim.simulator import ClusterSpec, DataSpec, gang_bound, simulate
+from tests.simulation.test_simulator import write_trace
 
 H = 3600.0
 
@@ -34,13 +35,6 @@ def test_a_user_asking_no_more_than_their_part_never_binds() -> None:
     assert not gang_bound(demand, fair, {"a": {4: 1}, "b": {12: 1, 4: 1}}, H)
     # the same with b's job 13 wide (and nothing narrow enough to fill 12): bound
     assert gang_bound(demand, fair, {"a": {4: 1}, "b": {13: 1, 4: 1}}, H)
-
-
-def write_trace(path: Path, rows: list[tuple[str, float, str, int, float]]) -> Path:
-    lines = ["job_id,submit_time_s,user,num_gpus,duration_s,extra"]
-    lines += [f"{k},{t},{u},{g},{d},ignored" for k, t, u, g, d in rows]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def test_the_simulator_reports_the_gang_bound_share_and_jain_outside_it(tmp_path: Path) -> None:
