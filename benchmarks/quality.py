@@ -112,7 +112,7 @@ class Metrics:
     clipped: int
     unfinished: int
     wall_s: float
-    preemptions: int = 0  # with [policy] preempt (run_grid(cfg=PolicyConfig(preempt=True)))
+    preemptions: int = 0  # with [policy] preempt (the PREEMPT row)
     preempted_device_s: float = 0.0  # device-seconds of work lost to preemption
     busy_device_s: float = 0.0  # device-seconds held over the makespan (utilisation x capacity)
     gang_bound_share: float = 0.0  # share of used device time in gang-bound windows (simulator.gang_bound)
@@ -257,8 +257,6 @@ def table(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell]) -> str:
     for s, load, cache in keys:
         group = [c for c in cells if (c.slice, c.load, c.cache_gb) == (s, load, cache)]
         for p in ROWS:
-            if any((c, p) not in res for c in group):
-                continue
             ms = [res[(c, p)] for c in group]
 
             def avg(attr: str, ms: list[Metrics] = ms) -> float:
@@ -287,7 +285,7 @@ def plot(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], path: Path
         for row, (attr, label, scale) in enumerate((("mean_jct_s", "mean JCT (h)", 3600.0),
                                                     ("local_fraction", "local-read fraction", 1.0))):
             ax = axes[row][col]
-            for p in (r for r in ROWS if all((c, r) in res for c in cells)):
+            for p in ROWS:
                 for cache, style in zip(CACHES_GB, ("-", "--"), strict=True):
                     loads = sorted({c.load for c in cells if c.slice == s and c.cache_gb == cache})
                     ys = [statistics.fmean(getattr(res[(c, p)], attr) / scale for c in cells

@@ -17,8 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from benchmarks.quality import Cell, Metrics, run_grid
-from scheduler.core.policy_config import PolicyConfig
+from benchmarks.quality import PREEMPT, Cell, Metrics, run_grid
 
 
 def parse_cell(text: str) -> Cell:
@@ -38,9 +37,8 @@ def parse_cell(text: str) -> Cell:
 
 def compare(cells: Sequence[Cell], workers: int = 2) -> list[tuple[Cell, Metrics, Metrics]]:
     """(cell, off, on) for each cell, twostage only."""
-    off = run_grid(cells, ("twostage",), PolicyConfig(), workers=workers)
-    on = run_grid(cells, ("twostage",), PolicyConfig(preempt=True), workers=workers)
-    return [(c, off[(c, "twostage")], on[(c, "twostage")]) for c in cells]
+    res = run_grid(cells, ("twostage", PREEMPT), workers=workers)  # one pool: no wait between the halves
+    return [(c, res[(c, "twostage")], res[(c, PREEMPT)]) for c in cells]
 
 
 def lines(rows: Sequence[tuple[Cell, Metrics, Metrics]]) -> list[str]:

@@ -758,11 +758,11 @@ class Simulation:
             if used <= 0:
                 continue
             fair = max_min_fair(dem, used, self.shares)
-            xs = [recv[u] / fair[u] for u in sorted(fair) if fair[u] > 0]
-            jain_num += jain_index(xs) * used
+            j = jain_index([recv[u] / fair[u] for u in sorted(fair) if fair[u] > 0])
+            jain_num += j * used
             jain_den += used
             if not gang_bound(dem, fair, self.present.get(w, {}), FAIRNESS_WINDOW_S):
-                free_num += jain_index(xs) * used
+                free_num += j * used
                 free_den += used
         return SimResult(
             policy=policy,
