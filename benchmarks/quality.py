@@ -31,7 +31,9 @@ Per cell and policy: mean, p50, p95 JCT; p50, p99 and max queueing; Jain over sh
 time per window; local-read fraction; bytes moved; makespan; utilisation.  The figures are one
 summary line per metric: in how many cells ``twostage`` is within tolerance of the best baseline of
 that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also writes the table
-(averaged over seeds) and ``quality_grid.png`` (mean JCT and local reads against load).
+(averaged over seeds), ``quality_grid.png`` (mean JCT and local reads against load) and
+``quality_grid.json`` (every cell's figures per row: :func:`load_cells` reads it back, so a change to
+the default can be compared cell by cell without running the baselines again).
 
 Preemption (``[policy] preempt``, off by default): every cell also runs ``twostage+preempt``
 (:data:`PREEMPT`: ``twostage`` with ``[policy] preempt`` on and its other defaults), a row of the table
@@ -45,13 +47,14 @@ keeps a corner: the first 150 jobs of the two 500-job slices at load 2.5, seed 0
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.common import Figure, Report
@@ -78,6 +81,7 @@ DEVICES_PER_NODE = 8
 WORKERS = 2
 QUICK_LIMIT = 150
 PLOT = Path(__file__).with_name("quality_grid.png")
+CELLS = Path(__file__).with_name("quality_grid.json")  # every cell's metrics per row, from the last full run
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,19 @@ def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
                                  time.perf_counter() - t0, r.preemptions, r.preempted_device_s,
                                  r.utilization * r.makespan_s * cluster.nodes * cluster.devices_per_node,
                                  r.gang_bound_share, r.jain_unbound)
+
+
+def save_cells(res: dict[tuple[Cell, str], Metrics], path: Path) -> None:
+    """Every (cell, row) of a grid run with its metrics, as JSON: a later session compares a change
+    against it cell by cell without running the baselines again (:func:`load_cells`)."""
+    rows = [{"cell": asdict(c), "policy": p, "metrics": asdict(m)} for (c, p), m in res.items()]
+    rows.sort(key=lambda r: (str(r["cell"]), str(r["policy"])))
+    path.write_text(json.dumps(rows, indent=0) + "\n")
+
+
+def load_cells(path: Path) -> dict[tuple[Cell, str], Metrics]:
+    """What :func:`save_cells` wrote."""
+    return {(Cell(**r["cell"]), r["policy"]): Metrics(**r["metrics"]) for r in json.loads(path.read_text())}
 
 
 def _lower_priority() -> None:
@@ -338,7 +355,8 @@ def run(report: Report) -> None:
             "the seeds of each row.\n\n![mean JCT and local reads against load](quality_grid.png)\n\n"
             + table(res, cells) + "\n")
         plot(res, cells, PLOT)
-        report.note("quality", f"plot written to {PLOT.name}")
+        save_cells(res, CELLS)
+        report.note("quality", f"plot written to {PLOT.name}, every cell's figures to {CELLS.name}")
 
 
 def cells_named(cells: Sequence[Cell], **match: object) -> list[Cell]:

@@ -56,3 +56,17 @@ def test_quick_burst_runs_true_and_sleep_jobs_through_the_real_server_and_agents
     assert len(figures) == 3, printed
     assert "all finished" in figures[0] and "from bound to ended" in figures[1] and "JCT/ideal" in figures[2]
     assert "did not complete" not in printed  # every job of both parts ended COMPLETED
+
+
+def test_the_grid_cells_round_trip_through_their_json(tmp_path: Path) -> None:
+    from benchmarks.quality import Cell, Metrics, load_cells, save_cells
+
+    a = Metrics(3600.0, 1800.0, 7200.0, 0.0, 60.0, 120.0, 0.9, 0.75, 10**12, 86400.0, 0.5, 9, 0, 0, 1.5,
+                preemptions=3, preempted_device_s=42.0, busy_device_s=1e6, gang_bound_share=0.25, jain_unbound=0.99)
+    b = Metrics(4000.0, 2000.0, 8000.0, 10.0, 70.0, 130.0, 0.8, 0.5, 2 * 10**12, 90000.0, 0.4, 9, 1, 2, 2.5)
+    res = {(Cell("philly_500.csv", 2.5, 0, 0.0), "twostage"): a, (Cell("itp_500.csv", 1.5, 2, 200.0), "flow"): b}
+    path = tmp_path / "cells.json"
+    save_cells(res, path)
+    back = load_cells(path)
+    assert back == res
+    assert back[(Cell("itp_500.csv", 1.5, 2, 200.0), "flow")].bytes_moved == 2 * 10**12
