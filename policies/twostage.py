@@ -17,7 +17,8 @@ that can read their data locally go first):
    :func:`scheduler.core.stage1.candidate_order`: the cheapest if any is within the threshold, else the
    least contended) costs more than ``locality_threshold_ms`` and a placement within the threshold
    exists on the data's holders if they were idle, the job stays pending ("waiting for locality
-   until T"), for at most ``locality_wait_s`` from the first cycle it waited (``waiting_since_s``;
+   until T"), for at most the locality wait (``PolicyConfig.locality_wait``: ``locality_wait_s``, or
+   ``preempt_locality_wait_s`` with preemption on) from the first cycle it waited (``waiting_since_s``;
    the decision's ``waiting`` gives the start of a new wait to the caller, who keeps it until the
    job binds or is requeued).  From then on it takes the costlier candidate.  The wait counts from
    the first time the job could have run elsewhere, not from its submission: in a backlog a job
@@ -264,7 +265,7 @@ class TwoStageArbiter:
 
             if best.transfer_cost_ms > threshold and not job.preempting:
                 since = job.waiting_since_s if job.waiting_since_s is not None else now
-                until = since + cfg.locality_wait_s
+                until = since + cfg.locality_wait
                 if now < until:
                     key = (job.dataset, job.ranks, job.devices_per_rank)
                     if key not in possible:

@@ -58,6 +58,7 @@ class PolicyTable(_Table):
     preempt_after_s: Seconds | None = None
     min_runtime_s: Seconds | None = None
     preempt_max_per_hour: int | None = Field(None, ge=0, le=1000)
+    preempt_locality_wait_s: Seconds | None = None
 
 
 class NetworkTable(_Table):

@@ -571,7 +571,7 @@ class Simulation:
             job = self.pending[job_id]
             if job.view is not None and job.view.waiting_since_s is None:
                 job.view = replace(job.view, waiting_since_s=since)
-        wake = [j.view.waiting_since_s + self.cfg.locality_wait_s for j in self.pending.values()
+        wake = [j.view.waiting_since_s + self.cfg.locality_wait for j in self.pending.values()
                 if j.view is not None and j.view.waiting_since_s is not None]
         later = [w for w in wake if w > now]
         if later:

@@ -125,6 +125,24 @@ def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_
     assert bound_nodes(d) == {1: {"b": 1}}
 
 
+def test_with_preemption_on_a_job_waits_preempt_locality_wait_s_for_its_data() -> None:
+    # The locality snapshot (waiting since t=100 for a, where the data is; b free): with preempt on the
+    # wait is preempt_locality_wait_s (1800 s by default), not locality_wait_s (10 s).
+    on = PolicyConfig(preempt=True)
+    assert (on.locality_wait, PolicyConfig().locality_wait) == (1800.0, 10.0)
+    _, d = decided(locality_snapshot(1899), on)
+    assert texts(d.reasons) == {1: "waiting for locality until t=1900s"}
+    _, d = decided(locality_snapshot(1900), on)
+    assert bound_nodes(d) == {1: {"b": 1}}
+    _, d = decided(locality_snapshot(110), PolicyConfig())  # preemption off: 10 s
+    assert bound_nodes(d) == {1: {"b": 1}}
+    # locality_wait_s 0 means never wait, with preemption on too
+    _, d = decided(locality_snapshot(101), PolicyConfig(preempt=True, locality_wait_s=0))
+    assert bound_nodes(d) == {1: {"b": 1}}
+    _, d = decided(locality_snapshot(101), PolicyConfig(preempt=True, preempt_locality_wait_s=0))
+    assert bound_nodes(d) == {1: {"b": 1}}
+
+
 def test_a_job_others_were_preempted_for_goes_first_and_does_not_wait_for_locality() -> None:
     # As the locality test at t=110 (waiting until 130), but jobs were preempted for job 1: it takes b
     # at once, staging from a (320 ms), ahead of bob's job 2 whose user has used nothing (factor 1
