@@ -27,7 +27,7 @@ user who already holds as much for their share preempts nobody, and the victim's
 straight back: that would need ``H(v) / S(v) <= P`` or ``< P``, which either condition rules out.
 
 Victims are taken in the order: least work lost since their last checkpoint first (in steps of
-:data:`LOST_TIE_S`), then among equals those whose nodes hold most of the preemptor's data, then job
+``[policy] preempt_equal_loss_s``), then among equals those whose nodes hold most of the preemptor's data, then job
 id; only until the preemptor fits, and none that turns out unneeded.  A job that would not fit even
 with every eligible victim preempts nobody.
 
@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from scheduler.core.fairshare import queue_order, snapshot_factors, snapshot_shares
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, RunningView, Snapshot
-
-LOST_TIE_S = 60.0  # victims whose lost work differs by less than a step of this are equals
 
 
 @dataclass(frozen=True)
@@ -149,6 +147,7 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
                 if n in free:
                     free[n] += d
     pool = eligible_victims(snap, cfg, factors)
+    step = cfg.preempt_equal_loss_s  # victims whose lost work falls in one step of this are equals
     out: list[Preemption] = []
     for job in ordered:
         if factors.get(job.user, 1.0) <= 0.5 or snap.now_s - job.pending_since_s < cfg.preempt_after_s:
@@ -159,7 +158,7 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         holders = _data_nodes(job, snap)
         candidates = sorted(
             (r for r in pool if r.user != job.user),
-            key=lambda r: (int(lost_work_s(r, snap.now_s) // LOST_TIE_S),
+            key=lambda r: (int(lost_work_s(r, snap.now_s) // step) if step > 0 else lost_work_s(r, snap.now_s),
                            -sum(d for n, d in r.devices_by_node if n in holders), r.id))
         chosen: list[RunningView] = []
         trial = dict(free)

@@ -75,6 +75,10 @@ class PolicyConfig:
     # JCT within 2 % in 46 -> 44 / 45 / 41 cells, Jain 49 in each (benchmarks/RESULTS.md, "The
     # locality wait with preemption").  Without preemption a 1800 s wait costs mean JCT (48 -> 37 cells).
     preempt_locality_wait_s: float = 1800.0
+    # Victims whose lost work (seconds since their last checkpoint) falls in one step of this many
+    # seconds are equals, and among equals those whose nodes hold most of the preemptor's data go
+    # first; 0: the least lost work always first.
+    preempt_equal_loss_s: float = 60.0
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0
 
