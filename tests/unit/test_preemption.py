@@ -73,9 +73,8 @@ def test_never_a_job_younger_than_min_runtime_nor_one_not_preemptible_nor_one_pr
 
 
 def test_among_equals_the_victim_on_the_preemptors_data() -> None:
-    # both lost 100 s and 130 s: the same step of 60 s? 100 // 60 = 1, 110 // 60 = 1: equals; n2 holds
-    # bob's data set, so job 2 (on n2) goes although it loses 10 s more
-    assert ON.preempt_equal_loss_s == 60
+    # they lost 100 s and 110 s: in the same step of preempt_equal_loss_s (300 s by default: 100 // 300 =
+    # 110 // 300 = 0): equals; n2 holds bob's data set, so job 2 (on n2) goes although it loses 10 s more
     snap = (cluster().node("n1", free=0).node("n2", free=0).holds("imgs", [0, 1]).usage(alice=1000).at(NOW)
             .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
             .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 110)
@@ -84,14 +83,16 @@ def test_among_equals_the_victim_on_the_preemptors_data() -> None:
 
 
 def test_preempt_equal_loss_s_sets_which_victims_are_equals() -> None:
-    # job 1 lost 100 s on n1, job 2 lost 500 s on n2, which holds bob's data.  In steps of 60 s they
-    # differ (1 vs 8): job 1 goes.  In steps of 600 s both are in the first: equals, and job 2 goes for
-    # the data.  0: the least lost work, exactly.
+    # job 1 lost 100 s on n1, job 2 lost 500 s on n2, which holds bob's data.  In steps of 300 s (the
+    # default) or 60 s they differ (0 vs 1, 1 vs 8): job 1 goes.  In steps of 600 s both are in the
+    # first: equals, and job 2 goes for the data.  0: the least lost work, exactly.
+    assert ON.preempt_equal_loss_s == 300
     snap = (cluster().node("n1", free=0).node("n2", free=0).holds("imgs", [0, 1]).usage(alice=1000).at(NOW)
             .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
             .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 500)
             .pending(bobs_job(dataset="imgs")).build())
     assert plan_preemptions(snap, ON)[0].victims == (1,)
+    assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=60))[0].victims == (1,)
     assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=600))[0].victims == (2,)
     assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=0))[0].victims == (1,)
 
