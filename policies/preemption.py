@@ -27,8 +27,8 @@ user who already holds as much for their share preempts nobody, and the victim's
 straight back: that would need ``H(v) / S(v) <= P`` or ``< P``, which either condition rules out.
 
 Victims are taken in the order: least work lost since their last checkpoint first (in steps of
-``[policy] preempt_equal_loss_s``), then among equals those whose nodes hold most of the preemptor's data, then job
-id; only until the preemptor fits, and none that turns out unneeded.  A job that would not fit even
+``[policy] preempt_equal_loss_s``), then among equals those whose nodes hold most of the preemptor's
+data, then job id; only until the preemptor fits, and none that turns out unneeded.  A job that would not fit even
 with every eligible victim preempts nobody.
 
 No ping-pong: within a cycle preemptors' users are under share and victims' users over it, so no
@@ -158,7 +158,7 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         holders = _data_nodes(job, snap)
         candidates = sorted(
             (r for r in pool if r.user != job.user),
-            key=lambda r: (int(lost_work_s(r, snap.now_s) // step) if step > 0 else lost_work_s(r, snap.now_s),
+            key=lambda r: (lost_work_s(r, snap.now_s) // step if step > 0 else lost_work_s(r, snap.now_s),
                            -sum(d for n, d in r.devices_by_node if n in holders), r.id))
         chosen: list[RunningView] = []
         trial = dict(free)

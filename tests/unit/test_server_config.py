@@ -57,6 +57,8 @@ def test_a_bad_file_is_refused_naming_the_key(tmp_path: Path, text: str, words: 
     ('[policy]\nusage_half_life_s = "7-00:00:00"', "policy.usage_half_life_s", 7 * 86400.0),
     ('[policy]\nmax_wait_s = "2h30m"', "policy.max_wait_s", 9000.0),
     ('[policy]\nlocality_wait_s = "0:30"', "policy.locality_wait_s", 30.0),  # MM:SS
+    ('[policy]\npreempt_locality_wait_s = "45m"', "policy.preempt_locality_wait_s", 2700.0),
+    ('[policy]\npreempt_equal_loss_s = "10m"', "policy.preempt_equal_loss_s", 600.0),
 ])
 def test_durations_take_the_one_grammar(tmp_path: Path, text: str, key: str, seconds: float) -> None:
     got: object = load_settings(write(tmp_path, text))
