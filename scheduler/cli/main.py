@@ -389,6 +389,8 @@ def _simulate(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
     p.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
+    p.add_argument("--config", default=None, help="a server config file (gsched.toml): its [policy] and [network] "
+                   "knobs, e.g. preempt = true, replace the defaults")
 
 
 def _completion(p: argparse.ArgumentParser, verb: str) -> None:
@@ -813,6 +815,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from scheduler.sim.simulator import main as sim_main
 
+    if args.config is not None:  # the server's [policy] and [network], read as the server reads them
+        from scheduler.server.config import ConfigError, load_settings
+
+        try:
+            args.policy_cfg = load_settings(args.config).policy
+        except ConfigError as e:
+            print(f"gsched simulate: --config: {e}", file=sys.stderr)
+            return 2
     return sim_main(args)
 
 

@@ -904,7 +904,8 @@ def main(args: argparse.Namespace) -> int:
     if not policies:
         raise BadRequest("--policy: name at least one policy, e.g. --policy twostage,fairshare")
     cycle_s = float(getattr(args, "cycle_s", 10.0) or 10.0)
-    results = [simulate(trace, p, cluster, data, failures, args.seed, cycle_s) for p in policies]
+    cfg = getattr(args, "policy_cfg", None)  # gsched simulate --config: the server's [policy] knobs
+    results = [simulate(trace, p, cluster, data, failures, args.seed, cycle_s, cfg=cfg) for p in policies]
     if args.plot:
         plot(results, args.plot)
     if args.json:
