@@ -69,8 +69,8 @@ class PolicyConfig:
     # (unless locality_wait_s is 0: never wait).
     # Waiting holds nothing: what others start meanwhile is theirs for the length of their runs
     # (hours), unless preemption can take it back for a user under their share; so with it on a job
-    # can afford to wait longer for the nodes that hold its data.  30 minutes: on the quality grid,
-    # preemption on with a 10 s wait had local reads within 0.02 of the best baseline in 27 of 50
+    # can afford to wait longer for the nodes that hold its data.  30 minutes: on the quality grid
+    # (victims then in 60 s steps), preemption on with a 10 s wait had local reads within 0.02 of the best baseline in 27 of 50
     # cells and bytes within 5 % in 10; with 600 / 1800 / 3600 s, 44 / 46 / 47 and 27 / 35 / 38, mean
     # JCT within 2 % in 46 -> 44 / 45 / 41 cells, Jain 49 in each (benchmarks/RESULTS.md, "The
     # locality wait with preemption").  Without preemption a 1800 s wait costs mean JCT (48 -> 37 cells).
