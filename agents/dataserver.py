@@ -94,7 +94,9 @@ class DataServer:
         self.node = node
         self.peer_key = peer_key
         self.on_shard = on_shard
-        self.bytes_served = 0
+        self.bytes_served = 0  # file bytes handed to the kernel for a peer, over all responses
+        self.sending = 0  # responses whose body is being written now
+        self._count_lock = threading.Lock()  # both counts: each response is written by its own thread
         self.scanned: dict[str, tuple[tuple[int, int, int], str]] = {}  # real path -> (ino, size, mtime), sha256
         self._scan_lock = threading.Lock()
         handler = _make_handler(self)
@@ -237,16 +239,23 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(size - start))
             self.end_headers()
-            with open(path, "rb") as f:
-                f.seek(start)
-                try:
-                    while block := f.read(CHUNK):
-                        srv.throttle.take(len(block))
-                        self.wfile.write(block)
-                        srv.bytes_served += len(block)
-                except (BrokenPipeError, ConnectionResetError):  # the peer went; it resumes with a Range
-                    log.info("%s stopped reading %s at byte %d", self.address_string(), path.name, f.tell())
-                    self.close_connection = True
+            with srv._count_lock:
+                srv.sending += 1
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    try:
+                        while block := f.read(CHUNK):
+                            srv.throttle.take(len(block))
+                            self.wfile.write(block)
+                            with srv._count_lock:
+                                srv.bytes_served += len(block)
+                    except (BrokenPipeError, ConnectionResetError):  # the peer went; it resumes with a Range
+                        log.info("%s stopped reading %s at byte %d", self.address_string(), path.name, f.tell())
+                        self.close_connection = True
+            finally:
+                with srv._count_lock:
+                    srv.sending -= 1
 
         def _json_body(self) -> dict[str, object] | None:
             try:
