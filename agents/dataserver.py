@@ -96,7 +96,7 @@ class DataServer:
         self.on_shard = on_shard
         self.bytes_served = 0  # file bytes handed to the kernel for a peer, over all responses
         self.sending = 0  # responses whose body is being written now
-        self._count_lock = threading.Lock()  # both counts: each response is written by its own thread
+        self._counts = threading.Condition()  # guards both counts: each response is written by its own thread
         self.scanned: dict[str, tuple[tuple[int, int, int], str]] = {}  # real path -> (ino, size, mtime), sha256
         self._scan_lock = threading.Lock()
         handler = _make_handler(self)
@@ -112,6 +112,13 @@ class DataServer:
 
     def start(self) -> None:
         self.thread.start()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no response is being written; False if one still is after ``timeout`` seconds.  A
+        reader gets a body's last byte before its writer has counted it, and a writer whose peer hung up can
+        still hand a block to the kernel: ``bytes_served`` is final only once this returns True."""
+        with self._counts:
+            return self._counts.wait_for(lambda: self.sending == 0, timeout)
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -239,7 +246,7 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(size - start))
             self.end_headers()
-            with srv._count_lock:
+            with srv._counts:
                 srv.sending += 1
             try:
                 with open(path, "rb") as f:
@@ -248,14 +255,15 @@ def _make_handler(srv: DataServer) -> type[BaseHTTPRequestHandler]:
                         while block := f.read(CHUNK):
                             srv.throttle.take(len(block))
                             self.wfile.write(block)
-                            with srv._count_lock:
+                            with srv._counts:
                                 srv.bytes_served += len(block)
                     except (BrokenPipeError, ConnectionResetError):  # the peer went; it resumes with a Range
                         log.info("%s stopped reading %s at byte %d", self.address_string(), path.name, f.tell())
                         self.close_connection = True
             finally:
-                with srv._count_lock:
+                with srv._counts:
                     srv.sending -= 1
+                    srv._counts.notify_all()
 
         def _json_body(self) -> dict[str, object] | None:
             try:

@@ -127,7 +127,7 @@ def test_two_ranks_of_one_node_needing_the_same_shard_fetch_it_once(peers, tmp_p
         assert agent.flights.waiting("tiny", 0) == 3  # the test and both ranks
     for t in threads:
         t.join(timeout=30)
-    assert served.bytes_served == len(GOOD)  # one transfer for both ranks
+    assert served.wait_idle(30) and served.bytes_served == len(GOOD)  # one transfer for both ranks
     assert sorted((first.staged, second.staged)) == [0, len(GOOD)]
     assert sorted((first.staging_total, second.staging_total)) == [0, len(GOOD)]
     assert results[7] == results[8] and Path(results[7][0]).read_bytes() == GOOD

@@ -11,7 +11,6 @@ import hashlib
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -126,15 +125,11 @@ def test_a_fetch_that_keeps_breaking_keeps_its_partial_and_the_next_one_resumes_
     assert len(relay.requests) == 5 and all("Range: bytes=" in r for r in relay.requests[1:])
     assert 0 < kept < SIZE and not dest.exists()  # the copy does not count, its bytes are kept
     # the next fetch (straight to the server, as from another replica) asks only for the rest.  The cut
-    # tries' server threads may still be writing into a closed socket (a block that fits the kernel's buffer
-    # counts as served): the count is read once they have all stopped
-    deadline = time.monotonic() + 30
-    while server.sending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.sending == 0, "a cut response's server thread never stopped writing"
+    # tries' server threads may still be writing into their closed sockets: the count is read once they stop
+    assert server.wait_idle(30), "a cut response's server thread never stopped writing"
     before = server.bytes_served
     assert fetch(f"127.0.0.1:{server.port}", "shards/big/0", ("get", "big", 0), dest, server.sha, KEY) == SIZE
-    assert server.bytes_served - before == SIZE - kept
+    assert server.wait_idle(30) and server.bytes_served - before == SIZE - kept
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == server.sha
     relay.close()
 

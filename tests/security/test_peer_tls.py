@@ -93,7 +93,7 @@ def test_a_shard_is_staged_between_two_tls_agents(pair: tuple[Agent, Agent]) -> 
     # what the launcher and the agent's replication call: over a's https:// address, with b's CA
     n = fetch(a.address, "shards/ds/0", ("get", "ds", 0), dest, SHARD_SHA, KEY, context=b.peer_tls)
     assert n == len(SHARD) and dest.read_bytes() == SHARD
-    assert a.data.bytes_served == len(SHARD)
+    assert a.data.wait_idle(30) and a.data.bytes_served == len(SHARD)
 
 
 def test_a_checkpoint_is_mirrored_to_a_tls_peer(pair: tuple[Agent, Agent], tmp_path: Path) -> None:
