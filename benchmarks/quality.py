@@ -239,7 +239,8 @@ def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], who: 
         target = f"every cell {words}" if who == "twostage" else "reported (the targets are the default's)"
         figs.append(Figure("quality", f"grid, {label}{suffix}", f"{who} {words} of the best baseline in {met} of "
                            f"{len(cells)} cells; worst cell: {where} ({worst_words})",
-                           f"{met}/{len(cells)} cells", target, met == len(cells) if who == "twostage" else None))
+                           f"{met}/{len(cells)} cells", target,
+                           (bool(cells) and met == len(cells)) if who == "twostage" else None))
     # the starvation column: the longest any job waited, twostage against the best baseline
     worst_cell, worst_ratio, words = None, -1.0, ""
     for cell in cells:

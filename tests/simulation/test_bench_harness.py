@@ -70,3 +70,18 @@ def test_the_grid_cells_round_trip_through_their_json(tmp_path: Path) -> None:
     back = load_cells(path)
     assert back == res
     assert back[(Cell("itp_500.csv", 1.5, 2, 200.0), "flow")].bytes_moved == 2 * 10**12
+
+
+def test_a_summary_over_no_cells_meets_no_target() -> None:
+    # a grid thinned to nothing (a slice missing, a filter that matches no cell) is not "every cell"
+    from benchmarks.quality import Cell, Metrics, summarise
+
+    figures = summarise({}, [])
+    assert figures and all(f.met is not True for f in figures)
+    assert [f.met for f in figures[:5]] == [False] * 5 and "0/0 cells" in figures[0].ratio
+    # one cell where twostage is best on every count: each of the five targets is met
+    cell = Cell("philly_500.csv", 2.5, 0, 0.0)
+    good = Metrics(3600.0, 1800.0, 7200.0, 0.0, 60.0, 120.0, 0.95, 0.9, 10**11, 86400.0, 0.5, 9, 0, 0, 1.0)
+    worse = Metrics(4000.0, 2000.0, 8000.0, 10.0, 70.0, 130.0, 0.8, 0.5, 2 * 10**12, 90000.0, 0.4, 9, 0, 0, 1.0)
+    res = {(cell, "twostage"): good} | {(cell, p): worse for p in ("fairshare", "flow", "fifo", "backfill")}
+    assert [f.met for f in summarise(res, [cell])[:5]] == [True] * 5
