@@ -520,11 +520,17 @@ class Simulation:
         return Snapshot(now_s=now, nodes=nodes, shards=self.shards, replicas=self.replica_view(),
                         pending=pending, running=running, usage=dict(self.usage), shares=self.shares)
 
+    def _checkpointed_s(self, j: _Job, now: float) -> float:
+        """Seconds of ``j``'s current run its last checkpoint holds: one checkpoint per ``epoch_s`` of
+        running since its run started (after staging); 0 before the first."""
+        if self.epoch_s <= 0:
+            return 0.0
+        return math.floor(max(0.0, now - j.run_start_s) / self.epoch_s) * self.epoch_s
+
     def _preemption_view(self, j: _Job, now: float) -> RunningView:
         """A running job with what preemption reads: its last start (its run, after staging), its last
         checkpoint (one per ``epoch_s`` of running), and how often it was preempted in the last hour."""
-        ran = max(0.0, now - j.run_start_s)
-        kept = math.floor(ran / self.epoch_s) * self.epoch_s if self.epoch_s > 0 else 0.0
+        kept = self._checkpointed_s(j, now)
         return RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s), started_s=j.bound_s,
                            checkpoint_s=j.run_start_s + kept if kept > 0 else None,
                            preemptions_last_hour=sum(1 for p in j.preempted_at if now - p < 3600.0))
@@ -533,8 +539,7 @@ class Simulation:
         """The victim stops (grace taken as 0), keeps the work of its last checkpoint, loses the rest,
         and is pending again with its age."""
         ran = max(0.0, now - job.run_start_s)
-        kept = math.floor(ran / self.epoch_s) * self.epoch_s if self.epoch_s > 0 else 0.0
-        kept = min(kept, job.remaining_s)
+        kept = min(self._checkpointed_s(job, now), job.remaining_s)
         self.lost_ds += (min(ran, job.remaining_s) - kept) * job.devices
         job.remaining_s = max(0.0, job.remaining_s - kept)
         self._release(job)
