@@ -26,7 +26,10 @@ that can read their data locally go first):
    would be over before it began (the Philly replay: local reads 0.945 -> 0.952, bytes moved
    2.25 -> 1.98 TB).  Waiting holds nothing, so others (lower in the queue, whose data is there)
    may use those devices meanwhile.  A job others were preempted for (``JobView.preempting``) does
-   not wait: it is first in the order and takes the devices freed for it.
+   not wait: it is first in the order and takes the devices freed for it.  The longer wait of
+   preemption holds past ``locality_wait_s`` only in a contended cycle (one in which some job found
+   no devices): in any other, the jobs in it take, at the end of the pass, the best of their
+   candidates that still fits (:func:`take_idle`), since nobody else asked for those devices.
 4. Otherwise it binds the best fitting candidate (whole gang, devices taken from the ledger).
 5. **Reservation**: the first job in that order that fits nowhere and has been pending at least
    ``reserve_min_wait_s`` (Slurm's ``bf_min_age_reserve``; or ``max_wait_s``) gets a reservation: the
@@ -190,6 +193,10 @@ class TwoStageArbiter:
         threshold = cfg.locality_threshold_ms
         job_reasons, cand_reasons = d.reasons, d.candidate_reasons
         busy_on, waiting = said.busy_on, said.waiting
+        # Jobs in the longer locality wait (past locality_wait_s), with the candidates that fit, best
+        # first; and whether some job of this cycle found no devices (the cycle is contended)
+        beyond: list[tuple[JobView, Candidate, list[int]]] = []
+        contended = False
 
         for job in ordered:
             job_id = job.id
@@ -242,6 +249,7 @@ class TwoStageArbiter:
                     best = spare[0].for_job(job_id)
 
             if best is None:
+                contended = True
                 if (
                     res is not None
                     and long_job
@@ -275,6 +283,8 @@ class TwoStageArbiter:
                         job_reasons[job_id] = waiting(until)
                         for i in fits:
                             cand_reasons[(job_id, i)] = waiting(until, cands[i].transfer_cost_ms, threshold)
+                        if now >= since + cfg.locality_wait_s:  # in the longer wait: unless contended
+                            beyond.append((job, best, fits))
                         continue
 
             ledger.take(best)
@@ -287,4 +297,32 @@ class TwoStageArbiter:
                         passed_over = not_taken(f"another candidate was chosen ({best.transfer_cost_ms} ms, "
                                                 f"nodes {', '.join(best.nodes)})")
                     d.candidate_reasons[(job_id, i)] = passed_over
+        if beyond and not contended:
+            take_idle(d, ledger, res, now, beyond, candidates)
         return d
+
+
+def take_idle(d: Decision, ledger: FreeLedger, res: Reservation | None, now: float,
+              beyond: Sequence[tuple[JobView, Candidate, list[int]]],
+              candidates: Mapping[int, Sequence[Candidate]]) -> None:
+    """A cycle in which every job that could fit got devices: the jobs in their longer locality wait
+    (``preempt_locality_wait_s``, past ``locality_wait_s``) take, in queue order, the best of their
+    candidates that still fits (``best``, then those at ``fits``) rather than leave devices idle that
+    nobody else asked for.  A job that would still run at the reservation's start keeps off its devices."""
+    for job, best, fits in beyond:
+        cands = candidates.get(job.id, ())
+        free = (ledger.avail if res is not None and now + job.time_limit_s > res.start_s else ledger.free).counts
+        options = [best, *(cands[i] for i in fits if cands[i] is not best)]
+        pick = next((c for c in options if busy_reason(c, free) is None), None)
+        if pick is None:
+            continue
+        ledger.take(pick)
+        d.bindings[job.id] = pick
+        del d.waiting[job.id]
+        del d.reasons[job.id]
+        taken = not_taken(f"another candidate was chosen ({pick.transfer_cost_ms} ms, nodes {', '.join(pick.nodes)})")
+        for i in fits:
+            if cands[i] is pick:
+                del d.candidate_reasons[(job.id, i)]
+            else:
+                d.candidate_reasons[(job.id, i)] = taken

@@ -74,6 +74,8 @@ class PolicyConfig:
     # cells and bytes within 5 % in 10; with 600 / 1800 / 3600 s, 44 / 46 / 47 and 27 / 35 / 38, mean
     # JCT within 2 % in 46 -> 44 / 45 / 41 cells, Jain 49 in each (benchmarks/RESULTS.md, "The
     # locality wait with preemption").  Without preemption a 1800 s wait costs mean JCT (48 -> 37 cells).
+    # Past locality_wait_s the longer wait holds only in a contended cycle (some job found no devices);
+    # in any other the job takes free devices nobody asked for (policies/twostage.py take_idle).
     preempt_locality_wait_s: float = 1800.0
     # Victims whose lost work (seconds since their last checkpoint) falls in one step of this many
     # seconds are equals, and among equals those whose nodes hold most of the preemptor's data go

@@ -576,8 +576,11 @@ class Simulation:
             job = self.pending[job_id]
             if job.view is not None and job.view.waiting_since_s is None:
                 job.view = replace(job.view, waiting_since_s=since)
-        wake = [j.view.waiting_since_s + self.cfg.locality_wait for j in self.pending.values()
-                if j.view is not None and j.view.waiting_since_s is not None]
+        # a wait ends at locality_wait_s, and a longer one (with preemption) at locality_wait; past the
+        # first, an uncontended cycle ends it (policies/twostage.py take_idle)
+        waits = {self.cfg.locality_wait_s, self.cfg.locality_wait}
+        wake = [j.view.waiting_since_s + w for j in self.pending.values()
+                if j.view is not None and j.view.waiting_since_s is not None for w in waits]
         later = [w for w in wake if w > now]
         if later:
             self._request_cycle(min(later))

@@ -125,22 +125,62 @@ def test_the_locality_wait_starts_when_the_job_could_first_run_elsewhere_not_at_
     assert bound_nodes(d) == {1: {"b": 1}}
 
 
+def contended(snap: Snapshot) -> Snapshot:
+    """``snap`` with bob's gang of two 4-device ranks pending behind it: 8 devices, 4 free, so it finds
+    none this cycle (the cycle is contended)."""
+    return replace(snap, pending=(*snap.pending, job(2, user="bob", ranks=2, devices_per_rank=4, submit_s=200)))
+
+
 def test_with_preemption_on_a_job_waits_preempt_locality_wait_s_for_its_data() -> None:
-    # The locality snapshot (waiting since t=100 for a, where the data is; b free): with preempt on the
-    # wait is preempt_locality_wait_s (1800 s by default), not locality_wait_s (10 s).
+    # The locality snapshot (waiting since t=100 for a, where the data is; b free), with a job behind it
+    # that finds no devices: with preempt on the wait is preempt_locality_wait_s (1800 s by default),
+    # not locality_wait_s (10 s).
     on = PolicyConfig(preempt=True)
     assert (on.locality_wait, PolicyConfig().locality_wait) == (1800.0, 10.0)
-    _, d = decided(locality_snapshot(1899), on)
-    assert texts(d.reasons) == {1: "waiting for locality until t=1900s"}
-    _, d = decided(locality_snapshot(1900), on)
+    _, d = decided(contended(locality_snapshot(1899)), on)
+    assert texts(d.reasons) == {1: "waiting for locality until t=1900s", 2: "devices busy: needs 8, 4 free"}
+    assert d.bindings == {}
+    _, d = decided(contended(locality_snapshot(1900)), on)
     assert bound_nodes(d) == {1: {"b": 1}}
-    _, d = decided(locality_snapshot(110), PolicyConfig())  # preemption off: 10 s
+    _, d = decided(contended(locality_snapshot(110)), PolicyConfig())  # preemption off: 10 s
     assert bound_nodes(d) == {1: {"b": 1}}
     # locality_wait_s 0 means never wait, with preemption on too
-    _, d = decided(locality_snapshot(101), PolicyConfig(preempt=True, locality_wait_s=0))
+    _, d = decided(contended(locality_snapshot(101)), PolicyConfig(preempt=True, locality_wait_s=0))
     assert bound_nodes(d) == {1: {"b": 1}}
-    _, d = decided(locality_snapshot(101), PolicyConfig(preempt=True, preempt_locality_wait_s=0))
+    _, d = decided(contended(locality_snapshot(101)), PolicyConfig(preempt=True, preempt_locality_wait_s=0))
     assert bound_nodes(d) == {1: {"b": 1}}
+
+
+def test_past_locality_wait_s_the_longer_wait_holds_only_while_the_cycle_is_contended() -> None:
+    # Nobody else pending: b would idle.  Within locality_wait_s (10 s from t=100) the job waits, as
+    # without preemption; from t=110 an uncontended cycle ends the longer wait and it takes b, staging
+    # from a (320 ms), instead of idling b until t=1900.
+    on = PolicyConfig(preempt=True)
+    _, d = decided(locality_snapshot(109), on)
+    assert texts(d.reasons) == {1: "waiting for locality until t=1900s"} and d.waiting == {1: 100}
+    _, d = decided(locality_snapshot(110), on)
+    assert bound_nodes(d) == {1: {"b": 1}} and d.bindings[1].transfer_cost_ms == 320
+    assert d.waiting == {} and d.reasons == {} and d.candidate_reasons == {}
+    # the same moment with bob's gang finding no devices behind it: the job keeps waiting
+    _, d = decided(contended(locality_snapshot(110)), on)
+    assert d.bindings == {} and d.waiting == {1: 100}
+
+
+def test_a_job_in_its_longer_wait_takes_only_what_nobody_took_in_the_cycle() -> None:
+    # As above at t=110, b with one device, and bob's one-device job (no data) behind job 1 in fair-share
+    # order (bob has used much, alice nothing): job 1 passes b over, bob takes it; every job that could
+    # fit got devices (uncontended), but none is left for job 1: it waits on.
+    snap = (cluster()
+            .node("a", rack="r1", free=0).holds("d", shards=[0])
+            .node("b", rack="r1", devices=1)
+            .running(9, "carol", {"a": 4}, end_by_s=10_000)
+            .usage(alice=0.0, bob=100.0)
+            .pending(job(1, dataset="d", submit_s=100, waiting_since_s=100), job(3, user="bob", submit_s=200))
+            .at(110)
+            .build())  # fmt: skip
+    _, d = decided(snap, PolicyConfig(preempt=True))
+    assert d.order == [1, 3] and bound_nodes(d) == {3: {"b": 1}}
+    assert texts(d.reasons) == {1: "waiting for locality until t=1900s"} and d.waiting == {1: 100}
 
 
 def test_a_job_others_were_preempted_for_goes_first_and_does_not_wait_for_locality() -> None:
