@@ -33,7 +33,9 @@ summary line per metric: in how many cells ``twostage`` is within tolerance of t
 that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also writes the table
 (averaged over seeds), ``quality_grid.png`` (mean JCT and local reads against load) and
 ``quality_grid.json`` (every cell's figures per row: :func:`load_cells` reads it back, so a change to
-the default can be compared cell by cell without running the baselines again).
+the default can be compared cell by cell without running the baselines again:
+``python -m benchmarks.quality_row ROW NAME=VALUE ...`` replays one row with changed knobs and lists
+the verdicts that flipped).
 
 Preemption (``[policy] preempt``, off by default): every cell also runs ``twostage+preempt``
 (:data:`PREEMPT`: ``twostage`` with ``[policy] preempt`` on and its other defaults), a row of the table

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.quality import TRACES
+from scheduler.core.policy_config import PolicyConfig
 
 
 def test_quick_bench_prints_one_line_per_figure_and_writes_results(tmp_path: Path,
@@ -85,3 +86,56 @@ def test_a_summary_over_no_cells_meets_no_target() -> None:
     worse = Metrics(4000.0, 2000.0, 8000.0, 10.0, 70.0, 130.0, 0.8, 0.5, 2 * 10**12, 90000.0, 0.4, 9, 0, 0, 1.0)
     res = {(cell, "twostage"): good} | {(cell, p): worse for p in ("fairshare", "flow", "fifo", "backfill")}
     assert [f.met for f in summarise(res, [cell])[:5]] == [True] * 5
+
+
+def test_quality_row_reads_policy_knobs_and_names_a_bad_one() -> None:
+    from benchmarks.quality_row import knobs
+
+    cfg = knobs(["preempt=true", "preempt_after_s=310", "preempt_max_per_hour=3"])
+    assert (cfg.preempt, cfg.preempt_after_s, cfg.preempt_max_per_hour) == (True, 310.0, 3)
+    assert knobs([]) == PolicyConfig()
+    with pytest.raises(ValueError, match="'preempt_afterwards=1': expected NAME=VALUE"):
+        knobs(["preempt_afterwards=1"])
+    with pytest.raises(ValueError, match="preempt: 'yes' is not a bool"):
+        knobs(["preempt=yes"])
+    with pytest.raises(ValueError, match="preempt_after_s: 'soon' is not a float"):
+        knobs(["preempt_after_s=soon"])
+
+
+def test_quality_row_counts_and_lists_each_flipped_verdict() -> None:
+    from benchmarks.quality import Cell, Metrics
+    from benchmarks.quality_row import compare
+
+    def m(mean: float, jain: float) -> Metrics:
+        return Metrics(mean, 1800.0, 7200.0, 0.0, 60.0, 120.0, jain, 0.9, 10**11, 86400.0, 0.5, 9, 0, 0, 1.0)
+
+    a, b = Cell("philly_500.csv", 2.5, 0, 0.0), Cell("itp_500.csv", 1.5, 1, 200.0)
+    base = {(c, p): m(3600.0, 0.9) for c in (a, b) for p in ("fairshare", "flow", "fifo", "backfill")}
+    base |= {(a, "twostage"): m(3600.0, 0.9), (b, "twostage"): m(4000.0, 0.9)}  # b: mean JCT +11 %: out
+    new = {(a, "twostage"): m(3700.0, 0.95), (b, "twostage"): m(3650.0, 0.9)}  # a out (+2.8 %), b in
+    lines = compare(new, base, "twostage")
+    assert lines[0].startswith("twostage over 2 cells, within tolerance of the best baseline: mean JCT 1 -> 1,")
+    assert "Jain's index 2 -> 2" in lines[0]
+    assert lines[1] == "2 verdicts flipped:"
+    assert lines[2:] == ["  itp_500 load 1.5 seed 1 cache 200 GB: mean JCT in (4000 -> 3650; best baseline 3600)",
+                         "  philly_500 load 2.5 seed 0 cache 0 GB: mean JCT out (3600 -> 3700; best baseline 3600)"]
+
+
+@pytest.mark.skipif(not (TRACES / "philly_500.csv").is_file(), reason="needs the trace slices (../shared/traces)")
+def test_quality_row_replays_a_row_of_a_saved_grid_to_the_same_figures(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # a one-cell grid (the first 40 jobs of philly_500 at load 2.5), every row, saved as a full run saves it
+    from benchmarks.quality import ROWS, Cell, run_grid, save_cells
+    from benchmarks.quality_row import main as row_main
+
+    cell = Cell("philly_500.csv", 2.5, 0, 0.0, 40)
+    path = tmp_path / "grid.json"
+    save_cells(run_grid([cell], ROWS, workers=1), path)
+    assert row_main(["twostage+preempt", "--grid", str(path), "--out", str(tmp_path / "row.json")]) == 0
+    out = capsys.readouterr().out
+    assert "twostage+preempt over 1 cells" in out and "0 verdicts flipped" in out
+    from benchmarks.quality import load_cells
+
+    again, saved = load_cells(tmp_path / "row.json"), load_cells(path)
+    assert again[(cell, "twostage+preempt")].mean_jct_s == saved[(cell, "twostage+preempt")].mean_jct_s
+    with pytest.raises(SystemExit):  # a filter that keeps no cell is an error, not an empty report
+        row_main(["twostage", "--grid", str(path), "--cells", "itp_5000"])
