@@ -297,21 +297,20 @@ class TwoStageArbiter:
                         passed_over = not_taken(f"another candidate was chosen ({best.transfer_cost_ms} ms, "
                                                 f"nodes {', '.join(best.nodes)})")
                     d.candidate_reasons[(job_id, i)] = passed_over
-        if beyond and not contended:
-            take_idle(d, ledger, res, now, beyond, candidates)
+        if beyond and not contended:  # (a reservation is only made by a job that found no devices)
+            take_idle(d, ledger, beyond, candidates)
         return d
 
 
-def take_idle(d: Decision, ledger: FreeLedger, res: Reservation | None, now: float,
-              beyond: Sequence[tuple[JobView, Candidate, list[int]]],
+def take_idle(d: Decision, ledger: FreeLedger, beyond: Sequence[tuple[JobView, Candidate, list[int]]],
               candidates: Mapping[int, Sequence[Candidate]]) -> None:
-    """A cycle in which every job that could fit got devices: the jobs in their longer locality wait
-    (``preempt_locality_wait_s``, past ``locality_wait_s``) take, in queue order, the best of their
-    candidates that still fits (``best``, then those at ``fits``) rather than leave devices idle that
-    nobody else asked for.  A job that would still run at the reservation's start keeps off its devices."""
+    """A cycle in which every job that could fit got devices (so no reservation was made either): the
+    jobs in their longer locality wait (``preempt_locality_wait_s``, past ``locality_wait_s``) take, in
+    queue order, the best of their candidates that still fits (``best``, then those at ``fits``) rather
+    than leave devices idle that nobody else asked for."""
+    free = ledger.free.counts
     for job, best, fits in beyond:
         cands = candidates.get(job.id, ())
-        free = (ledger.avail if res is not None and now + job.time_limit_s > res.start_s else ledger.free).counts
         options = [best, *(cands[i] for i in fits if cands[i] is not best)]
         pick = next((c for c in options if busy_reason(c, free) is None), None)
         if pick is None:
