@@ -287,41 +287,43 @@ class TwoStageArbiter:
                             beyond.append((job, best, fits))
                         continue
 
-            ledger.take(best)
-            d.bindings[job_id] = best
+            bind(d, ledger, job_id, best, cands, fits)
             bound_ends.append((now + job.time_limit_s, best.devices_by_node()))
-            passed_over: Reason | None = None
-            for i in fits:
-                if cands[i] is not best:
-                    if passed_over is None:
-                        passed_over = not_taken(f"another candidate was chosen ({best.transfer_cost_ms} ms, "
-                                                f"nodes {', '.join(best.nodes)})")
-                    d.candidate_reasons[(job_id, i)] = passed_over
         if beyond and not contended:  # (a reservation is only made by a job that found no devices)
             take_idle(d, ledger, beyond, candidates)
         return d
+
+
+def bind(d: Decision, ledger: FreeLedger, job_id: int, pick: Candidate, cands: Sequence[Candidate],
+         fits: Sequence[int]) -> None:
+    """Give ``pick``'s devices to the job; each other candidate at ``fits`` (those that fit) gets the reason
+    it was passed over, and ``pick`` none."""
+    ledger.take(pick)
+    d.bindings[job_id] = pick
+    passed_over: Reason | None = None
+    for i in fits:
+        if cands[i] is pick:
+            d.candidate_reasons.pop((job_id, i), None)
+        else:
+            if passed_over is None:
+                passed_over = not_taken(f"another candidate was chosen ({pick.transfer_cost_ms} ms, "
+                                        f"nodes {', '.join(pick.nodes)})")
+            d.candidate_reasons[(job_id, i)] = passed_over
 
 
 def take_idle(d: Decision, ledger: FreeLedger, beyond: Sequence[tuple[JobView, Candidate, list[int]]],
               candidates: Mapping[int, Sequence[Candidate]]) -> None:
     """A cycle in which every job that could fit got devices (so no reservation was made either): the
     jobs in their longer locality wait (``preempt_locality_wait_s``, past ``locality_wait_s``) take, in
-    queue order, the best of their candidates that still fits (``best``, then those at ``fits``) rather
-    than leave devices idle that nobody else asked for."""
+    queue order, the best of their candidates that still fits (those at ``fits``, best first, or the
+    re-proposed ``best`` when none of stage 1's fitted) rather than leave devices idle that nobody else
+    asked for."""
     free = ledger.free.counts
     for job, best, fits in beyond:
         cands = candidates.get(job.id, ())
-        options = [best, *(cands[i] for i in fits if cands[i] is not best)]
+        options = [cands[i] for i in fits] or [best]
         pick = next((c for c in options if busy_reason(c, free) is None), None)
-        if pick is None:
-            continue
-        ledger.take(pick)
-        d.bindings[job.id] = pick
-        del d.waiting[job.id]
-        del d.reasons[job.id]
-        taken = not_taken(f"another candidate was chosen ({pick.transfer_cost_ms} ms, nodes {', '.join(pick.nodes)})")
-        for i in fits:
-            if cands[i] is pick:
-                del d.candidate_reasons[(job.id, i)]
-            else:
-                d.candidate_reasons[(job.id, i)] = taken
+        if pick is not None:
+            del d.waiting[job.id]
+            del d.reasons[job.id]
+            bind(d, ledger, job.id, pick, cands, fits)
