@@ -5,7 +5,7 @@
 - every shard of the job's data set is read by exactly one rank, each rank floor or ceil of even;
 - a read is local only where the node holds a copy, else it is staged from a node that holds one;
 - the recorded bytes and cost equal the cost model's recomputation;
-- every pending job is ordered, and every job left unbound has a reason.
+- every pending job is ordered, every job left unbound has a reason, and no bound job is waiting.
 """
 
 from collections import Counter
@@ -58,6 +58,7 @@ def snapshots(draw) -> Snapshot:
                 submit_s=submit,
                 pending_since_s=submit,
                 time_limit_s=draw(st.floats(1, 5000)),
+                waiting_since_s=draw(st.one_of(st.none(), st.floats(0, 100))),  # a locality wait begun
             )
         )
     usage = {u: draw(st.floats(0, 1e6)) for u in ["alice", "bob"]}
@@ -96,9 +97,12 @@ def check_candidate(c: Candidate, job: JobView, snap: Snapshot, cfg: PolicyConfi
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snap=snapshots(), arbiter=st.sampled_from(sorted(ARBITERS)), wait=st.sampled_from([0.0, 30.0]))
-def test_invariants_hold_for_every_arbiter(snap: Snapshot, arbiter: str, wait: float) -> None:
-    cfg = PolicyConfig(arbiter=arbiter, candidates_per_job=3, locality_wait_s=wait)
+@given(snap=snapshots(), arbiter=st.sampled_from(sorted(ARBITERS)), wait=st.sampled_from([0.0, 30.0]),
+       preempt=st.booleans())
+def test_invariants_hold_for_every_arbiter(snap: Snapshot, arbiter: str, wait: float, preempt: bool) -> None:
+    # preempt: with it on, twostage's longer locality wait (and its end in an uncontended cycle) is in play
+    cfg = PolicyConfig(arbiter=arbiter, candidates_per_job=3, locality_wait_s=wait, preempt=preempt,
+                       preempt_locality_wait_s=400.0)
     candidates, d = decide(snap, cfg, ARBITERS[cfg.arbiter])
     jobs = {j.id: j for j in snap.pending}
     for jid, cands in candidates.items():
@@ -114,3 +118,4 @@ def test_invariants_hold_for_every_arbiter(snap: Snapshot, arbiter: str, wait: f
     assert sorted(d.order) == sorted(jobs)
     assert set(d.reasons) == set(jobs) - set(d.bindings)
     assert all(r.text() for r in d.reasons.values())
+    assert not set(d.waiting) & set(d.bindings), "a bound job is not waiting for locality"
