@@ -55,7 +55,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -220,6 +220,14 @@ def _gap(metric: str, higher: bool, v: float, best: float) -> float:
     return v / best if best > 0 else (1.0 if v <= 0 else float("inf"))
 
 
+def best_baseline(res: Mapping[tuple[Cell, str], Metrics], cell: Cell, metric: str, higher: bool) -> tuple[str, float]:
+    """The baseline best at ``metric`` in ``cell`` (the highest if ``higher``, else the lowest; the first
+    of :data:`BASELINES` among equals) and its figure."""
+    vals = {p: getattr(res[(cell, p)], metric) for p in BASELINES}
+    best_p = max(vals, key=lambda p: vals[p]) if higher else min(vals, key=lambda p: vals[p])
+    return best_p, vals[best_p]
+
+
 def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], who: str = "twostage") -> list[Figure]:
     """One figure per metric: cells where ``who`` (the default ``twostage``, or :data:`PREEMPT`, whose
     lines are reported without a target) is within tolerance of the cell's best baseline."""
@@ -229,9 +237,7 @@ def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], who: 
         met, worst, worst_gap, worst_words = 0, None, -float("inf"), ""
         for cell in cells:
             v = getattr(res[(cell, who)], metric)
-            vals = {p: getattr(res[(cell, p)], metric) for p in BASELINES}
-            best_p = max(vals, key=lambda p: vals[p]) if higher else min(vals, key=lambda p: vals[p])
-            best = vals[best_p]
+            best_p, best = best_baseline(res, cell, metric, higher)
             met += ok(v, best)
             gap = _gap(metric, higher, v, best)
             if gap > worst_gap:
@@ -247,8 +253,7 @@ def summarise(res: dict[tuple[Cell, str], Metrics], cells: Sequence[Cell], who: 
     worst_cell, worst_ratio, words = None, -1.0, ""
     for cell in cells:
         v = res[(cell, who)].max_queue_s
-        best_p = min(BASELINES, key=lambda p: res[(cell, p)].max_queue_s)
-        best = res[(cell, best_p)].max_queue_s
+        best_p, best = best_baseline(res, cell, "max_queue_s", higher=False)
         ratio = v / best if best > 0 else 1.0
         if ratio > worst_ratio:
             worst_cell, worst_ratio = cell, ratio

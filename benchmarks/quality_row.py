@@ -7,8 +7,9 @@ the last full run's figures (``quality_grid.json``), without running the baselin
 Prints, per metric, how many cells are within tolerance of the best baseline before and after, then
 every verdict that flipped (the cell, the figure before and after, the best baseline's).  The
 baselines' figures are those of the JSON: the simulator is deterministic, so a row replayed with the
-same knobs gives the same figures (wall time aside).  Knobs are :class:`PolicyConfig` fields, given as
-``name=value`` (numbers, or ``true`` / ``false``).  A row takes 1-5 minutes over the whole grid on two
+same knobs gives the same figures (wall time aside).  Knobs are the ``[policy]`` keys of gsched.toml
+(:class:`PolicyConfig`'s fields), given as ``name=value`` and checked as the server checks them
+(``preempt=true``, ``preempt_after_s=5m``).  A row takes 1-5 minutes over the whole grid on two
 workers; ``--cells`` keeps the cells whose name contains one of its ``|``-separated texts.
 
 A change to the contended cells moves counts by chance: a 10 s change of ``preempt_after_s`` flipped
@@ -19,59 +20,46 @@ only the counts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.quality import (
-    BASELINES,
     CELLS,
     POLICIES,
     PREEMPT,
     TOLERANCES,
     Cell,
     Metrics,
+    best_baseline,
     load_cells,
     run_grid,
     save_cells,
 )
 from scheduler.core.policy_config import PolicyConfig
+from scheduler.server.config import policy_with
 
 Results = Mapping[tuple[Cell, str], Metrics]
 
 
 def knobs(pairs: Sequence[str]) -> PolicyConfig:
-    """A :class:`PolicyConfig` with ``name=value`` pairs over the defaults; ``ValueError`` names a bad one."""
-    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
-    changes: dict[str, object] = {}
+    """A :class:`PolicyConfig` with ``name=value`` pairs over the defaults, read and checked by the
+    server's own ``[policy]`` schema (durations as text, each key's type and range); ``ValueError``
+    (``ConfigError``) names a bad one."""
+    values: dict[str, str] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
-        if not sep or name not in types:
-            raise ValueError(f"{pair!r}: expected NAME=VALUE with NAME a [policy] knob ({', '.join(sorted(types))})")
-        kind = str(types[name])
-        try:
-            if kind == "bool":
-                if text.lower() not in ("true", "false"):
-                    raise ValueError("true or false")
-                changes[name] = text.lower() == "true"
-            elif kind == "int":
-                changes[name] = int(text)
-            elif kind == "float":
-                changes[name] = float(text)
-            else:
-                changes[name] = text
-        except ValueError as e:
-            raise ValueError(f"{name}: {text!r} is not a {kind} ({e})") from None
-    return dataclasses.replace(PolicyConfig(), **changes)  # type: ignore[arg-type]
+        if not sep or not name:
+            raise ValueError(f"{pair!r}: expected NAME=VALUE")
+        values[name] = text
+    return policy_with(values, "knobs")
 
 
 def verdicts(res: Results, base: Results, cell: Cell, row: str) -> dict[str, tuple[bool, float, float]]:
     """Per metric label: (within tolerance, the row's figure, the best baseline's) in ``cell``."""
     out = {}
     for metric, label, higher, ok, _ in TOLERANCES:
-        vals = [getattr(base[(cell, p)], metric) for p in BASELINES]
-        best = max(vals) if higher else min(vals)
+        _, best = best_baseline(base, cell, metric, higher)
         v = getattr(res[(cell, row)], metric)
         out[label] = (bool(ok(v, best)), v, best)
     return out
@@ -106,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = knobs(args.knobs)
-    except ValueError as e:
+    except ValueError as e:  # ConfigError too
         p.error(str(e))
     base = load_cells(Path(args.grid))
     wanted = [t for t in args.cells.split("|") if t]

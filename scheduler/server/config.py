@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,14 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
     settings = replace(settings, policy=replace(settings.policy, **policy_kwargs))
     _check_tls(settings)
     return settings
+
+
+def policy_with(values: Mapping[str, str], source: str) -> PolicyConfig:
+    """``PolicyConfig``'s defaults with ``values`` (``[policy]`` key -> text, as a command line gives
+    them) over them, checked as the environment is: durations as text (``"30m"``), every key's type and
+    range; ``ConfigError`` names ``source`` and each bad key."""
+    _, policy = _given(_checked({"policy": dict(values)}, source, strict=False))
+    return replace(PolicyConfig(), **policy)
 
 
 def _check_tls(settings: Settings) -> None:

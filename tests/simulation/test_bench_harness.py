@@ -91,15 +91,20 @@ def test_a_summary_over_no_cells_meets_no_target() -> None:
 def test_quality_row_reads_policy_knobs_and_names_a_bad_one() -> None:
     from benchmarks.quality_row import knobs
 
-    cfg = knobs(["preempt=true", "preempt_after_s=310", "preempt_max_per_hour=3"])
+    # read by the server's [policy] schema, as GSCHED_* variables are: durations as text too
+    cfg = knobs(["preempt=true", "preempt_after_s=5m10s", "preempt_max_per_hour=3"])
     assert (cfg.preempt, cfg.preempt_after_s, cfg.preempt_max_per_hour) == (True, 310.0, 3)
     assert knobs([]) == PolicyConfig()
-    with pytest.raises(ValueError, match="'preempt_afterwards=1': expected NAME=VALUE"):
+    with pytest.raises(ValueError, match="'preempt_afterwards': expected NAME=VALUE"):
+        knobs(["preempt_afterwards"])
+    with pytest.raises(ValueError, match=r"knobs: policy\.preempt_afterwards: unknown key \(known: age_max_s, "):
         knobs(["preempt_afterwards=1"])
-    with pytest.raises(ValueError, match="preempt: 'yes' is not a bool"):
-        knobs(["preempt=yes"])
-    with pytest.raises(ValueError, match="preempt_after_s: 'soon' is not a float"):
+    with pytest.raises(ValueError, match=r"knobs: policy\.preempt: Input should be a valid boolean"):
+        knobs(["preempt=maybe"])
+    with pytest.raises(ValueError, match="knobs: policy.preempt_after_s: 'soon' is not a duration"):
         knobs(["preempt_after_s=soon"])
+    with pytest.raises(ValueError, match=r"knobs: policy\.preempt_max_per_hour: Input should be less than or equal to 1000"):
+        knobs(["preempt_max_per_hour=5000"])
 
 
 def test_quality_row_counts_and_lists_each_flipped_verdict() -> None:
