@@ -6,8 +6,11 @@ server (or the simulator) acts on it: each victim gets SIGTERM and its grace, go
 with the reason :func:`victim_reason`, keeping its age, and resumes from its checkpoint.  Off unless
 ``[policy] preempt`` is true.
 
-Who may preempt whom, with ``F`` each user's fair-share factor over the account tree
-(:func:`scheduler.core.fairshare.snapshot_factors`):
+Who may preempt whom, with ``F`` each user's fair-share factor among the users that compete now (those
+with jobs running or pending: :func:`scheduler.core.fairshare.competing_tree`, the account tree pruned
+to them; Slurm's classic factor over everyone would count the shares of idle users, and with some users
+idle every user with jobs can be over their share, so nobody could preempt however unevenly the
+cluster is held):
 
 - the preemptor: pending at least ``preempt_after_s`` (from ``pending_since_s``), its user under
   their share (``F > 0.5``, i.e. effective usage below normalised shares), and it does not fit in the
@@ -19,7 +22,7 @@ Who may preempt whom, with ``F`` each user's fair-share factor over the account 
 
 Held shares (Kueue's two fair-sharing preemption strategies): with ``H(u)`` the devices ``u``'s active
 jobs hold and ``S(u)`` ``u``'s normalised share, victims of user ``v`` may be taken for a job of user
-``p`` only if ``P = (H(p) + the job's devices) / S(p)`` is at most ``(H(v) - the victims' devices) /
+``p`` only if ``P = (H(p) + the job's devices) / S(p)`` (``S`` over the same pruned tree) is at most ``(H(v) - the victims' devices) /
 S(v)`` (after the preemption the preemptor's user holds no more for their share than the victim's:
 Kueue's LessThanOrEqualToFinalShare) or less than ``H(v) / S(v)`` (than the victim's user held before:
 LessThanInitialShare).  The factor looks at decayed past usage; this looks at what is held now, so a
@@ -44,7 +47,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler.core.fairshare import queue_order, snapshot_factors, snapshot_shares
+from scheduler.core.fairshare import competing_tree, queue_order
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, RunningView, Snapshot
 
@@ -136,8 +139,7 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
     if not cfg.preempt:
         return []
     users = [j.user for j in snap.pending] + [r.user for r in snap.running]
-    factors = snapshot_factors(snap, users)
-    shares = snapshot_shares(snap, users)
+    factors, shares = competing_tree(snap, users)
     held = held_devices(snap)
     ordered, _, _ = queue_order(snap, cfg)
     free = {n: v.free for n, v in snap.nodes.items()}
@@ -194,6 +196,7 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         lost = sum(lost_work_s(r, snap.now_s) * devices(r) for r in chosen)
         who = ", ".join(f"job {r.id} ({r.user}, loses {lost_work_s(r, snap.now_s):.0f} s)" for r in chosen)
         out.append(Preemption(job.id, tuple(r.id for r in chosen), lost,
-                              f"{job.user} is under their share (factor {factors.get(job.user, 1.0):.2f}) and "
+                              f"{job.user} is under their share among users with jobs (factor "
+                              f"{factors.get(job.user, 1.0):.2f}) and "
                               f"waited {snap.now_s - job.pending_since_s:.0f} s: would preempt {who}"))
     return out

@@ -97,19 +97,43 @@ def user_factors(
     }
 
 
-def snapshot_shares(snapshot: Snapshot, users: Iterable[str] = ()) -> dict[str, float]:
-    """Every user's normalised share (``S_norm``) over the snapshot's account tree, flat without one."""
-    if not snapshot.accounts and not snapshot.user_account:
-        return normalized_shares(snapshot.shares, [*snapshot.usage, *users])
-    return {r.user: r.norm_shares for r in share_tree(snapshot.accounts, snapshot.user_account, snapshot.usage,
-                                                      snapshot.shares, users) if r.user is not None}
-
-
 def snapshot_factors(snapshot: Snapshot, users: Iterable[str] = ()) -> dict[str, float]:
     """The factor of every user of the snapshot (and of ``users``) over its account tree."""
     if not snapshot.accounts and not snapshot.user_account:
         return user_factors(snapshot.usage, snapshot.shares, users)
     return tree_factors(snapshot.accounts, snapshot.user_account, snapshot.usage, snapshot.shares, users)
+
+
+def competing_tree(snapshot: Snapshot, users: Iterable[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each of ``users``' fair-share factor and normalised share among ``users`` only: the account tree
+    of the snapshot pruned to them and the accounts above them (usage, shares and accounts of everyone
+    else left out), then Slurm's classic definitions as :func:`snapshot_factors` computes them.
+
+    Preemption compares the users that compete for devices now (those with jobs running or pending).
+    Over the whole tree a user with shares and no jobs keeps a part of the normalised shares and little
+    or no usage, so when some users are idle every user with jobs can be over their share (factor
+    below 0.5) however unevenly they hold the cluster, and the 0.5 line no longer tells who is owed
+    devices.  Pruned, an idle account's part goes to the accounts that compete, as unused quota is lent
+    within a Kueue cohort and as KAI splits a level's resources among the queues that ask.
+    """
+    active = set(users)
+    usage = {u: v for u, v in snapshot.usage.items() if u in active}
+    shares = {u: v for u, v in snapshot.shares.items() if u in active}
+    if not snapshot.accounts and not snapshot.user_account:
+        return user_factors(usage, shares, active), normalized_shares(shares, active)
+    user_account = {u: a for u, a in snapshot.user_account.items() if u in active}
+    keep: set[str] = set()
+    for a in user_account.values():
+        while a in snapshot.accounts and a not in keep:  # up to root (or to an account already kept)
+            keep.add(a)
+            a = snapshot.accounts[a].parent or ""
+    accounts = {a: v for a, v in snapshot.accounts.items() if a in keep}
+    factors: dict[str, float] = {}
+    norm: dict[str, float] = {}
+    for r in share_tree(accounts, user_account, usage, shares, active):
+        if r.user is not None:
+            factors[r.user], norm[r.user] = r.factor, r.norm_shares
+    return factors, norm
 
 
 def age_factor(pending_since_s: float, now_s: float, age_max_s: float) -> float:

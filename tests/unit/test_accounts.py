@@ -10,7 +10,7 @@ import random
 import pytest
 
 from scheduler.core.accounts import ROOT, AccountView, share_tree, tree_factors, would_cycle
-from scheduler.core.fairshare import queue_order, user_factors
+from scheduler.core.fairshare import competing_tree, queue_order, user_factors
 from scheduler.core.policy_config import PolicyConfig
 from tests.builders import cluster, job
 
@@ -115,3 +115,35 @@ def test_would_cycle() -> None:
     assert would_cycle(accounts, "a", "a")
     assert not would_cycle(accounts, "c", "a")
     assert not would_cycle(accounts, "d", None)
+
+
+def test_competing_tree_leaves_out_users_without_jobs_and_accounts_above_none_of_them() -> None:
+    # root -> phys (1) -> hep (1) -> p2; phys -> p1; chem (1) -> c1; bio (2) -> b1.  b1 has usage 60 but
+    # no jobs now; p1 used 30, c1 10, p2 0.  Competing: p1, c1, p2 (bio is left out: root's children
+    # are phys and chem, 1 share each).
+    snap = (cluster().account("phys", users=("p1",)).account("hep", parent="phys", users=("p2",))
+            .account("chem", users=("c1",)).account("bio", shares=2, users=("b1",))
+            .usage(p1=30, c1=10, b1=60, p2=0).build())
+    factors, shares = competing_tree(snap, ["p1", "c1", "p2"])
+    assert set(factors) == set(shares) == {"p1", "c1", "p2"}
+    # S: chem 1/2, c1 alone in chem 1/2; phys 1/2, its children hep and p1 1 share each: p1 1/4, hep 1/4,
+    # p2 alone in hep 1/4
+    assert shares == pytest.approx({"c1": 0.5, "p1": 0.25, "p2": 0.25})
+    # U over 40: phys 0.75 (UE 0.75 under root), chem 0.25.  c1: UE = 0.25 + (0.25 - 0.25) * 1 = 0.25,
+    # F = 2^(-0.25 / 0.5) = 0.7071.  p1: U 0.75, UE = 0.75 + (0.75 - 0.75) / 2 = 0.75, F = 2^(-3) = 0.125.
+    # hep: U 0, UE = 0 + (0.75 - 0) / 2 = 0.375; p2 alone in hep: UE = 0.375, F = 2^(-0.375 / 0.25) = 2^(-1.5)
+    assert factors == pytest.approx({"c1": 2 ** -0.5, "p1": 0.125, "p2": 2 ** -1.5})
+    # Over the whole tree c1 is over its share: S = 1/4 (bio holds 2 of root's 4 shares), U = 0.1,
+    # F = 2^(-0.4) = 0.758 here, but with b1's usage gone from the total it is 2^(-0.5) above
+    whole = tree_factors(snap.accounts, snap.user_account, snap.usage, snap.shares)
+    assert whole["c1"] == pytest.approx(2 ** -0.4)
+
+
+def test_competing_tree_without_accounts_is_the_flat_factor_over_those_users() -> None:
+    # a used 60, b 40, c (1 share, no usage) has no jobs.  Over all three S = 1/3: b's F = 2^(-0.4 / (1/3))
+    # = 2^(-1.2) = 0.435, over its share.  Among a and b, S = 1/2: b 2^(-0.8) = 0.574, a 2^(-1.2) = 0.435.
+    snap = cluster().usage(a=60, b=40).shares(c=1).build()
+    assert user_factors(snap.usage, snap.shares)["b"] == pytest.approx(2 ** -1.2)
+    factors, shares = competing_tree(snap, ["a", "b"])
+    assert factors == pytest.approx({"a": 2 ** -1.2, "b": 2 ** -0.8})
+    assert shares == pytest.approx({"a": 0.5, "b": 0.5})

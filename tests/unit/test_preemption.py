@@ -12,11 +12,12 @@ from collections import defaultdict
 from dataclasses import replace
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.preemption import fits, plan_preemptions, victim_reason
-from scheduler.core.fairshare import snapshot_factors
+from scheduler.core.fairshare import competing_tree, snapshot_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
 from tests.builders import ClusterBuilder, cluster, job
@@ -123,6 +124,22 @@ def test_users_under_their_share_are_never_victims_and_over_it_never_preempt() -
     assert plan_preemptions(snap, ON) == []
 
 
+def test_only_users_with_jobs_count_in_who_is_under_their_share() -> None:
+    # alice (usage 600) holds both nodes, bob (usage 400) waits, carol (1 share, no usage) has no jobs.
+    # Over all three (S = 1/3) bob is over his share too: U 0.4, F = 2^(-1.2) = 0.435, and nobody could
+    # preempt.  Among alice and bob (S = 1/2): bob F = 2^(-0.8) = 0.574 (under), alice 2^(-1.2) = 0.435
+    # (over).  Held shares: bob (0 + 4) / 0.5 = 8 <= alice's (8 - 4) / 0.5 = 8 after: one victim.
+    b = (cluster().node("n1", free=0).node("n2", free=0).usage(alice=600, bob=400).shares(carol=1).at(NOW)
+         .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+         .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200))
+    [p] = plan_preemptions(b.pending(bobs_job()).build(), ON)
+    assert p.victims == (1,) and "factor 0.57" in p.why
+    assert snapshot_factors(b.build(), ["bob"])["bob"] == pytest.approx(2 ** -1.2)  # the queue's factor
+    # with carol running a job of her own she competes: bob is over his share again, nobody is preempted
+    b.running(3, "carol", {"n3": 4}, 1e9, started_s=0).node("n3", free=0)
+    assert plan_preemptions(b.pending(bobs_job()).build(), ON) == []
+
+
 def test_two_waiting_jobs_do_not_count_the_same_devices() -> None:
     # alice holds four nodes of 4; bob's jobs 10 and 11 each need 4: two victims, one each, not the same
     # one twice.  Held shares (equal shares, S = 0.5): job 10, bob 4 / 0.5 = 8 <= alice (16 - 4) / 0.5
@@ -191,7 +208,7 @@ def _place(p: dict, free: dict[str, int]) -> dict[str, int] | None:
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.integers(min_value=0, max_value=10**9))
 def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
-    """Each cycle: preemptors' users under share, victims' over it, no job both; across cycles a victim
+    """Each cycle: preemptors' users under share, victims' over it (among the users with jobs), no job both; across cycles a victim
     ran min_runtime_s since its start and nobody is preempted more than 2 times in any hour."""
     rng = random.Random(seed)
     cfg = PolicyConfig(preempt=True, preempt_after_s=300, min_runtime_s=600, preempt_max_per_hour=2,
@@ -214,17 +231,19 @@ def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
         now = step * dt
         snap = _cycle_snapshot(now, nodes, running, {j: p for j, p in pending.items() if p["submit"] <= now},
                                usage, shares, preempted_at)
-        factors = snapshot_factors(snap, users)
+        factors = snapshot_factors(snap, users)  # the queue's order
+        # who is under or over their share: among the users with jobs now (competing_tree)
+        among, _ = competing_tree(snap, [j.user for j in snap.pending] + [r.user for r in snap.running])
         plans = plan_preemptions(snap, cfg)
         preemptors = {p.job for p in plans}
         victims = [v for p in plans for v in p.victims]
         assert len(victims) == len(set(victims))  # nobody preempted twice in one cycle
         assert not preemptors & set(victims)
         for p in plans:
-            assert factors[pending[p.job]["user"]] > 0.5
+            assert among[pending[p.job]["user"]] > 0.5
             for v in p.victims:
                 r = running[v]
-                assert factors[r["user"]] < 0.5 and r["preemptible"]
+                assert among[r["user"]] < 0.5 and r["preemptible"]
                 assert now - r["start"] >= cfg.min_runtime_s
         for v in victims:  # back to pending, keeping its age; work since its checkpoint is lost
             r = running.pop(v)
