@@ -22,8 +22,8 @@ cluster is held):
 
 Held shares (Kueue's two fair-sharing preemption strategies): with ``H(u)`` the devices ``u``'s active
 jobs hold and ``S(u)`` ``u``'s normalised share, victims of user ``v`` may be taken for a job of user
-``p`` only if ``P = (H(p) + the job's devices) / S(p)`` (``S`` over the same pruned tree) is at most ``(H(v) - the victims' devices) /
-S(v)`` (after the preemption the preemptor's user holds no more for their share than the victim's:
+``p`` only if ``P = (H(p) + the job's devices) / S(p)`` (``S`` over the same pruned tree) is at most
+``(H(v) - the victims' devices) / S(v)`` (after the preemption the preemptor's user holds no more for their share than the victim's:
 Kueue's LessThanOrEqualToFinalShare) or less than ``H(v) / S(v)`` (than the victim's user held before:
 LessThanInitialShare).  The factor looks at decayed past usage; this looks at what is held now, so a
 user who already holds as much for their share preempts nobody, and the victim's user can never preempt

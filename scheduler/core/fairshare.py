@@ -119,8 +119,8 @@ def competing_tree(snapshot: Snapshot, users: Iterable[str]) -> tuple[dict[str, 
     active = set(users)
     usage = {u: v for u, v in snapshot.usage.items() if u in active}
     shares = {u: v for u, v in snapshot.shares.items() if u in active}
-    if not snapshot.accounts and not snapshot.user_account:
-        return user_factors(usage, shares, active), normalized_shares(shares, active)
+    # one path for both cases: with no accounts share_tree is the flat definition, number for number
+    # (tests/unit/test_accounts.py), and gives factors and shares in one pass
     user_account = {u: a for u, a in snapshot.user_account.items() if u in active}
     keep: set[str] = set()
     for a in user_account.values():

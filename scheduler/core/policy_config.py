@@ -59,8 +59,9 @@ class PolicyConfig:
     # Preemption (policies.preemption): off by default (benchmarks/RESULTS.md: what it does on the
     # quality grid; docs/concepts.md: why it stays off).  A job
     # of a user under their share (factor > 0.5) pending preempt_after_s for devices held by users over
-    # theirs (factor < 0.5; both among the users with jobs: fairshare.competing_tree) may take them from jobs that ran at least min_runtime_s, are preemptible
-    # and were preempted fewer than preempt_max_per_hour times in the last hour.
+    # theirs (factor < 0.5; both among the users with jobs: fairshare.competing_tree) may take them
+    # from jobs that ran at least min_runtime_s, are preemptible and were preempted fewer than
+    # preempt_max_per_hour times in the last hour.
     preempt: bool = False
     preempt_after_s: float = 300.0
     min_runtime_s: float = 600.0
