@@ -101,12 +101,35 @@ def _data_nodes(job: JobView, snap: Snapshot) -> set[str]:
     return {n for (ds, _), nodes in snap.replicas.items() if ds == job.dataset for n in nodes}
 
 
+# Why a running job may not be preempted this cycle, in the order the rules are checked (the words
+# ``explain`` gives, counted, for a job that waited and preempts nobody).
+NOT_OVER_SHARE = "of users not over their share"
+TOO_YOUNG = "ran less than min_runtime_s"
+NOT_PREEMPTIBLE = "not preemptible"
+TOO_OFTEN = "preempted preempt_max_per_hour times in the last hour"
+STOPPING = "stopping already"
+_WHY_NOT_ORDER = (STOPPING, NOT_PREEMPTIBLE, NOT_OVER_SHARE, TOO_YOUNG, TOO_OFTEN)
+
+
+def why_not_victim(r: RunningView, snap: Snapshot, cfg: PolicyConfig, factors: Mapping[str, float]) -> str | None:
+    """Why running job ``r`` may not be preempted at all this cycle (one of the constants above), or
+    None when it may (see the module doc)."""
+    if r.stopping:
+        return STOPPING
+    if not r.preemptible:
+        return NOT_PREEMPTIBLE
+    if factors.get(r.user, 1.0) >= 0.5:
+        return NOT_OVER_SHARE
+    if snap.now_s - r.started_s < cfg.min_runtime_s:
+        return TOO_YOUNG
+    if r.preemptions_last_hour >= cfg.preempt_max_per_hour:
+        return TOO_OFTEN
+    return None
+
+
 def eligible_victims(snap: Snapshot, cfg: PolicyConfig, factors: Mapping[str, float]) -> list[RunningView]:
     """Running jobs that may be preempted at all this cycle (see the module doc), by job id."""
-    return [r for r in snap.running
-            if r.preemptible and not r.stopping and factors.get(r.user, 1.0) < 0.5
-            and snap.now_s - r.started_s >= cfg.min_runtime_s
-            and r.preemptions_last_hour < cfg.preempt_max_per_hour]
+    return [r for r in snap.running if why_not_victim(r, snap, cfg, factors) is None]
 
 
 def held_devices(snap: Snapshot) -> dict[str, int]:
@@ -134,10 +157,30 @@ def _fair(mine: float, victims: list[RunningView], held: Mapping[str, int], shar
                for u, d in taken_from.items())
 
 
+@dataclass(frozen=True)
+class Plan:
+    """This cycle's preemptions, in queue order, and ``nobody``: for each pending job that has waited
+    ``preempt_after_s``, does not fit in the free devices and preempts nobody, why (the words
+    ``gsched explain`` shows under "preemption")."""
+
+    preemptions: list[Preemption]
+    nobody: dict[int, str]
+
+
 def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
     """The preemptions of this cycle (see the module doc); empty when ``cfg.preempt`` is off."""
+    return preemption_plan(snap, cfg, explain=False).preemptions
+
+
+def _count_words(counts: Mapping[str, int]) -> str:
+    return "; ".join(f"{why}: {n}" for why, n in counts.items() if n > 0)
+
+
+def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> Plan:
+    """:func:`plan_preemptions`, with why each job that waited long enough preempts nobody (``nobody``
+    left empty unless ``explain``: the simulator, which plans at every event, does not read it)."""
     if not cfg.preempt:
-        return []
+        return Plan([], {})
     users = [j.user for j in snap.pending] + [r.user for r in snap.running]
     factors, shares = competing_tree(snap, users)
     held = held_devices(snap)
@@ -148,11 +191,25 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
             for n, d in r.devices_by_node:
                 if n in free:
                     free[n] += d
-    pool = eligible_victims(snap, cfg, factors)
+    pool: list[RunningView] = []
+    refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # user -> why not -> jobs
+    for r in snap.running:
+        why_not = why_not_victim(r, snap, cfg, factors)
+        if why_not is None:
+            pool.append(r)
+        else:
+            refused[r.user][why_not] += 1
     step = cfg.preempt_equal_loss_s  # victims whose lost work falls in one step of this are equals
     out: list[Preemption] = []
+    nobody: dict[int, str] = {}
     for job in ordered:
-        if factors.get(job.user, 1.0) <= 0.5 or snap.now_s - job.pending_since_s < cfg.preempt_after_s:
+        if snap.now_s - job.pending_since_s < cfg.preempt_after_s:
+            continue
+        factor = factors.get(job.user, 1.0)
+        if factor <= 0.5:
+            if explain and not fits(job, free):
+                nobody[job.id] = (f"{job.user} is not under their share among users with jobs (factor "
+                                  f"{factor:.2f}; a job preempts only when its user's is above 0.50)")
             continue
         if fits(job, free):
             _take(job, free)  # it starts without anyone's devices: they are not free for the next
@@ -165,16 +222,20 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         chosen: list[RunningView] = []
         trial = dict(free)
         mine = _held_share(held[job.user] + job.devices, shares.get(job.user, 0.0))
+        unfair = 0
         for r in candidates:
             if fits(job, trial):
                 break
             if not _fair(mine, [r], held, shares):
+                unfair += 1
                 continue  # even alone, taking r would leave r's user holding less for their share
             chosen.append(r)
             for n, d in r.devices_by_node:
                 if n in trial:
                     trial[n] += d
         if not fits(job, trial):
+            if explain:
+                nobody[job.id] = _short_of_victims(job, snap, refused, unfair, len(chosen))
             continue
         for r in reversed(list(chosen)):  # drop any victim the later ones made unneeded
             without = dict(trial)
@@ -185,6 +246,8 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
                 chosen.remove(r)
                 trial = without
         if not _fair(mine, chosen, held, shares):
+            nobody[job.id] = (f"the jobs it would preempt would leave their users holding less for their share "
+                              f"than {job.user} would")
             continue  # all the victims it needs would leave their users below the preemptor's
         _take(job, trial)
         free = trial
@@ -197,6 +260,23 @@ def plan_preemptions(snap: Snapshot, cfg: PolicyConfig) -> list[Preemption]:
         who = ", ".join(f"job {r.id} ({r.user}, loses {lost_work_s(r, snap.now_s):.0f} s)" for r in chosen)
         out.append(Preemption(job.id, tuple(r.id for r in chosen), lost,
                               f"{job.user} is under their share among users with jobs (factor "
-                              f"{factors.get(job.user, 1.0):.2f}) and "
+                              f"{factor:.2f}) and "
                               f"waited {snap.now_s - job.pending_since_s:.0f} s: would preempt {who}"))
-    return out
+    return Plan(out, nobody)
+
+
+def _short_of_victims(job: JobView, snap: Snapshot, refused: Mapping[str, Mapping[str, int]], unfair: int,
+                      usable: int) -> str:
+    """Why ``job`` would not fit even with every job it may preempt: the running jobs of other users
+    counted by the rule that keeps each (``refused``: by user, as the cycle began; ``unfair``: held by
+    the held-share rule; ``usable``: those it could take)."""
+    counts = {why: sum(whys.get(why, 0) for user, whys in refused.items() if user != job.user)
+              for why in _WHY_NOT_ORDER}
+    counts[f"would leave their users holding less for their share than {job.user} would"] = unfair
+    counts["may be preempted, but not enough"] = usable
+    others = sum(1 for r in snap.running if r.user != job.user)
+    counts["taken for jobs ahead of it this cycle"] = others - sum(counts.values())
+    words = _count_words(counts)
+    if others == 0:
+        return "no job of another user is running: it waits for devices of its own user's jobs or for free ones"
+    return f"it would not fit even with every job it may preempt; the {others} running job(s) of other users: {words}"

@@ -316,6 +316,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
                 "after this decision")
     for words in doc.get("preemptions") or []:
         c.print(f"preemption: {words}")
+    if doc.get("preempts_nobody"):
+        c.print(f"preempts nobody: {doc['preempts_nobody']}")
     if doc.get("stopping"):
         c.print("waits first for its last attempt's ranks to stop: " + ", ".join(
             f"rank {x['rank']} on {x['node']} ({x['state']})" for x in doc["stopping"]))

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from policies.preemption import plan_preemptions
+from policies.preemption import preemption_plan
 from policies.registry import get_arbiter
 from scheduler.core.decide import decide
 from scheduler.core.snapshot import Snapshot
@@ -84,7 +84,8 @@ def run_cycle(db: Database, settings: Any, now: float, leader: str = "", fence: 
     candidates, decision = phase("decide", lambda: decide(snap, settings.policy, arbiter))
     report.counts["pending"] = len(snap.pending)
     started = sorted(set(decision.waiting) & _new_waits(snap))  # jobs that began waiting this cycle
-    plans = plan_preemptions(snap, settings.policy)  # empty unless [policy] preempt
+    preemption = preemption_plan(snap, settings.policy)  # empty unless [policy] preempt
+    plans, report.preempts_nobody = preemption.preemptions, preemption.nobody
     if fence is not None and (decision.bindings or started or plans) and not fence():
         log.warning("lost the scheduling lease during the cycle: binding nothing")
         return report

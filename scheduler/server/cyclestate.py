@@ -20,7 +20,9 @@ from scheduler.store.snapshot_reader import JobShapes
 class CycleReport:
     """``durations_s``: each phase's seconds, by name; ``counts``: what each phase did; ``bound``: the jobs
     bound, in the decision's order; ``refused``: the chosen jobs whose bind failed its re-check, and why;
-    ``preemptions``: by preemptor, the victims preempted for it this cycle (``scheduler.server.preempt``)."""
+    ``preemptions``: by preemptor, the victims preempted for it this cycle (``scheduler.server.preempt``);
+    ``preempts_nobody``: pending jobs that waited ``preempt_after_s`` and preempt nobody, and why
+    (``policies.preemption.Plan.nobody``)."""
 
     time: float
     durations_s: dict[str, float] = field(default_factory=dict)
@@ -28,6 +30,7 @@ class CycleReport:
     bound: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
     preemptions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    preempts_nobody: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 (``write_report``); hourly, the cluster history is thinned (``thin_history``).
 
 An explanation is what ``gsched explain`` shows: the job's factor, priority and queue position, its
-candidates with their costs and why each was or was not chosen, the reservation, and its reason.
+candidates with their costs and why each was or was not chosen, the reservation, and its reason; with
+preemption on, for a job that has waited ``preempt_after_s`` and preempts nobody, why not
+(``"preempts_nobody"``: ``policies.preemption.Plan.nobody``).
 Each reason is stored twice: as its words (``"reason"``: the sentence people read, and for a pending
 job the ``Job.reason`` column) and as data (``"why"``: ``Reason.as_dict()``, its kind, message and time;
 None where there is no reason, as for a bound job or its chosen candidate).  Readers use the data.
@@ -72,7 +74,8 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
         else:
             reason = refusal or decision.reasons.get(jv.id, UNDECIDED)
         text = "" if reason is None else reason.text()
-        what = repr((reason, position.get(jv.id), cands, reservation))
+        nobody = report.preempts_nobody.get(jv.id) if bound is None else None
+        what = repr((reason, position.get(jv.id), cands, reservation, nobody))
         prev = last.get(jv.id)
         if prev is not None and prev[0] == what and now - prev[1] < EXPLAIN_REFRESH_S:
             kept[jv.id] = prev
@@ -86,7 +89,7 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
                                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
                                       "candidates": cands, "reason": text or "bound",
                                       "why": None if reason is None else reason.as_dict(),
-                                      "reservation": reservation}})
+                                      "reservation": reservation, "preempts_nobody": nobody}})
     memory.explained = kept  # jobs no longer pending are forgotten
     table = cast(Table, Job.__table__)
     for at in range(0, len(explained), REPORT_CHUNK):

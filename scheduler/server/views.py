@@ -59,7 +59,8 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
     is the job's reason as data while it is pending (``service.pending_why``), else None.  Each
     candidate has its ``reason`` words and, as data, its ``why``.  ``preemptions``: while the job is
     pending, the words of each ``job.preempting`` event since it last became pending (the jobs preempted
-    for it, and why), oldest first.  ``left_out``: while the job is pending, the up nodes that take no
+    for it, and why), oldest first; ``preempts_nobody``: while it is pending, with preemption on, why the
+    last cycle preempted nobody for it although it had waited ``preempt_after_s`` (None otherwise).  ``left_out``: while the job is pending, the up nodes that take no
     new ranks now, each ``{"node", "reason"}`` (drained, or free disk under ``disk_floor_bytes``).
     ``stopping``: while the job is pending, its ranks of the last attempt not stopped yet on nodes that
     are up (``stopping_ranks``): the cycle binds it again only once there are none."""
@@ -73,7 +74,9 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
             "queue_length": ex.get("queue_length"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
             "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
-            "preemptions": preemptions, "left_out": left_out_nodes(s, disk_floor_bytes) if job.state == JobState.PENDING else [],
+            "preemptions": preemptions,
+            "preempts_nobody": ex.get("preempts_nobody") if job.state == JobState.PENDING else None,
+            "left_out": left_out_nodes(s, disk_floor_bytes) if job.state == JobState.PENDING else [],
             "stopping": stopping_ranks(s, job),
             "decided_at": ex.get("time"), "transfer_bytes": job.transfer_bytes,
             "transfer_cost_ms": job.transfer_cost_ms, "local_fraction": job.local_fraction}

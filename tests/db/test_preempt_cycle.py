@@ -97,6 +97,28 @@ def test_the_cycle_preempts_the_over_share_job_for_the_waiting_one_keeping_its_a
     assert run_cycle(db, settings(**ON), clock.advance(1)).bound == [preemptor]
 
 
+def test_explain_says_why_a_job_that_waited_preempts_nobody(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    victim = _alice_runs_on_both_nodes(db, clock)  # from t=1001
+    with db.session() as s:
+        waiting, _ = svc.submit_job(s, clock.now(), BOB, ONE, None)
+    run_cycle(db, settings(**ON), clock.advance(200))  # t=1201: bob waited 200 s < preempt_after_s
+    with db.read() as s:
+        assert explain_view(s, s.get(Job, waiting))["preempts_nobody"] is None
+    run_cycle(db, settings(**ON), clock.advance(200))  # t=1401: waited 400 s; alice's job ran 400 s < 600
+    with db.read() as s:
+        doc = explain_view(s, s.get(Job, waiting))
+    assert doc["preemptions"] == [] and doc["preempts_nobody"] == (
+        "it would not fit even with every job it may preempt; the 1 running job(s) of other users: "
+        "ran less than min_runtime_s: 1")
+    # at t=1701 alice's job has run 700 s: it is preempted, and the words are gone
+    report = run_cycle(db, settings(**ON), clock.advance(300))
+    assert report.preemptions[waiting]["victims"][0]["job"] == victim
+    with db.read() as s:
+        doc = explain_view(s, s.get(Job, waiting))
+    assert doc["preempts_nobody"] is None and len(doc["preemptions"]) == 1
+
+
 def test_the_snapshot_gives_a_running_job_its_last_start_checkpoint_and_preemptions(db: Database) -> None:
     clock = FakeClock(1000.0)
     job_id = _alice_runs_on_both_nodes(db, clock)

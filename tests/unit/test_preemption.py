@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.preemption import fits, plan_preemptions, victim_reason
+from policies.preemption import fits, plan_preemptions, preemption_plan, victim_reason
 from scheduler.core.fairshare import competing_tree, snapshot_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
@@ -171,6 +171,56 @@ def test_no_victim_that_would_leave_its_user_holding_less_for_their_share_than_t
     # With alice holding a third node, bob's 8 <= alice's (12 - 4) = 8 (equal shares): allowed.
     snap = replace(snap, running=(*snap.running, RunningView(6, "alice", (("n4", 4),), 1e9, started_s=0)))
     assert [p.victims for p in plan_preemptions(snap, ON)] == [(1,)]
+
+
+def test_why_a_job_that_waited_preempts_nobody() -> None:
+    # Four nodes of 4, all held by others.  alice's job 1 ran 500 s (< min_runtime_s 600), job 2 is not
+    # preemptible, job 3 was preempted twice this hour; carol (usage 0, under her share) runs job 4.
+    # bob needs 2 ranks x 4: with no job he may take he would not fit, and explain says why, counted.
+    b = (cluster().nodes("n1", "n2", "n3", "n4", free=0).usage(alice=1000, bob=0, carol=0).at(NOW)
+         .running(1, "alice", {"n1": 4}, 1e9, started_s=NOW - 500)
+         .running(2, "alice", {"n2": 4}, 1e9, started_s=0, preemptible=False)
+         .running(3, "alice", {"n3": 4}, 1e9, started_s=0, preemptions_last_hour=2)
+         .running(4, "carol", {"n4": 4}, 1e9, started_s=0))
+    plan = preemption_plan(b.pending(bobs_job(ranks=2)).build(), ON)
+    assert plan.preemptions == []
+    assert plan.nobody == {10: "it would not fit even with every job it may preempt; the 4 running job(s) of other "
+                               "users: not preemptible: 1; of users not over their share: 1; ran less than "
+                               "min_runtime_s: 1; preempted preempt_max_per_hour times in the last hour: 1"}
+    # one usable victim (job 1 once it has run 600 s) is not enough for two ranks: counted as such
+    b._running[0] = replace(b._running[0], started_s=0)
+    plan = preemption_plan(b.pending(bobs_job(ranks=2)).build(), ON)
+    assert plan.preemptions == [] and "may be preempted, but not enough: 1" in plan.nobody[10]
+    # the simulator's plan leaves the words out
+    assert plan_preemptions(b.pending(bobs_job(ranks=2)).build(), ON) == []
+
+
+def test_why_nobody_names_the_factor_and_the_held_share_rule_and_is_silent_when_it_fits_or_is_young() -> None:
+    # alice (F 0.25, over her share) waits for bob's devices: her factor is why
+    snap = (full().usage(alice=1000, bob=0).running(1, "bob", {"n1": 4}, 1e9, started_s=0)
+            .running(2, "bob", {"n2": 4}, 1e9, started_s=0)
+            .pending(job(10, user="alice", devices_per_rank=4, pending_since_s=0)).build())
+    assert preemption_plan(snap, ON).nobody == {10: "alice is not under their share among users with jobs (factor "
+                                                    "0.25; a job preempts only when its user's is above 0.50)"}
+    # bob already holds 4 on n3: taking alice's job would leave her 4 against his 8 (see the test above)
+    snap = (full().node("n3", free=0)
+            .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+            .running(5, "bob", {"n3": 4}, 1e9, started_s=0)
+            .pending(bobs_job()).build())
+    assert "would leave their users holding less for their share than bob would: 2" in preemption_plan(snap, ON).nobody[10]
+    # not waited preempt_after_s yet, or fits in free devices: nothing to say
+    assert preemption_plan(full().running(1, "alice", {"n1": 4}, 1e9, started_s=0)
+                           .pending(bobs_job(waited_s=299)).build(), ON).nobody == {}
+    assert preemption_plan(cluster().node("n1", free=4).usage(alice=1000).at(NOW)
+                           .pending(bobs_job()).build(), ON).nobody == {}
+    # a job taken for a job ahead in the queue is counted as such
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200, preemptible=False)
+            .pending(bobs_job(), replace(bobs_job(), id=11)).build())
+    plan = preemption_plan(snap, ON)
+    assert [p.job for p in plan.preemptions] == [10]
+    assert plan.nobody[11].endswith("not preemptible: 1; taken for jobs ahead of it this cycle: 1")
 
 
 # ---------------------------------------------------------------- no ping-pong, over random clusters

@@ -289,7 +289,10 @@ def test_explain_prints_reason_and_candidates(utc: None) -> None:
                           "would preempt job 3 (alice, loses 120 s)"]
     out = screen_of(lambda c: explain(doc, c), 200)
     assert "preemption: preempted job 3: carol is under their share" in out and "loses 120 s" in out
-    assert "waits first" not in out
+    assert "waits first" not in out and "preempts nobody" not in out
+    doc["preempts_nobody"] = "carol is not under their share among users with jobs (factor 0.25; ...)"
+    out = screen_of(lambda c: explain(doc, c), 200)
+    assert "preempts nobody: carol is not under their share among users with jobs (factor 0.25" in out
     doc["stopping"] = [{"node": "n2", "rank": 1, "attempt": 1, "state": "KILLING"}]
     out = screen_of(lambda c: explain(doc, c), 200)
     assert "waits first for its last attempt's ranks to stop: rank 1 on n2 (KILLING)" in out
