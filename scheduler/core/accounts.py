@@ -70,17 +70,11 @@ def _parent_of(acc: AccountView, accounts: Mapping[str, AccountView]) -> str:
     return p
 
 
-def share_tree(
-    accounts: Mapping[str, AccountView],
-    user_account: Mapping[str, str],
-    usage: Mapping[str, float],
-    shares: Mapping[str, float],
-    users: Iterable[str] = (),
-) -> list[ShareRow]:
-    """Every node of the tree in ``sshare`` order (root first, then depth first; within a parent,
-    accounts before users, each by name).  Users are those in ``shares``, ``usage``, ``user_account``
-    and ``users``.  An account cycle (a -> b -> a) is broken by hanging its first account under root."""
-    known_users = sorted({*shares, *usage, *user_account, *users})
+def _tree(accounts: Mapping[str, AccountView], user_account: Mapping[str, str],
+          users: Iterable[str]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The tree's child accounts and child users of every account (root included), each list by name.
+    An account cycle (a -> b -> a) is broken by hanging its first account under root; a user without a
+    known account hangs under root."""
     parent: dict[str, str] = {}
     for name in sorted(accounts):
         if name == ROOT:
@@ -101,9 +95,24 @@ def share_tree(
         child_accounts.setdefault(parent[name], []).append(name)
         child_accounts.setdefault(name, [])
     child_users: dict[str, list[str]] = {a: [] for a in child_accounts}
-    for u in known_users:
+    for u in sorted(users):
         a = user_account.get(u) or ROOT
         child_users[a if a in child_users else ROOT].append(u)
+    return child_accounts, child_users
+
+
+def share_tree(
+    accounts: Mapping[str, AccountView],
+    user_account: Mapping[str, str],
+    usage: Mapping[str, float],
+    shares: Mapping[str, float],
+    users: Iterable[str] = (),
+) -> list[ShareRow]:
+    """Every node of the tree in ``sshare`` order (root first, then depth first; within a parent,
+    accounts before users, each by name).  Users are those in ``shares``, ``usage``, ``user_account``
+    and ``users``.  An account cycle (a -> b -> a) is broken by hanging its first account under root."""
+    known_users = sorted({*shares, *usage, *user_account, *users})
+    child_accounts, child_users = _tree(accounts, user_account, known_users)
 
     def user_shares(u: str) -> float:
         return max(0.0, float(shares.get(u, DEFAULT_SHARE)))
@@ -155,6 +164,62 @@ def tree_factors(
 ) -> dict[str, float]:
     """The fair-share factor of every user known (see :func:`share_tree`)."""
     return {r.user: r.factor for r in share_tree(accounts, user_account, usage, shares, users) if r.user is not None}
+
+
+def max_min_split(demand: Mapping[str, float], total: float, weights: Mapping[str, float]) -> dict[str, float]:
+    """Weighted max-min fair split of ``total`` (water-filling): each key of ``demand`` gets at most
+    its demand, and what the satisfied leave is split among the rest in proportion to ``weights``
+    (absent: :data:`DEFAULT_SHARE`).  A key with no demand, or with weight 0, gets nothing."""
+    out = dict.fromkeys(demand, 0.0)
+    left = total
+    keys = sorted((k for k in demand if demand[k] > 0 and weights.get(k, DEFAULT_SHARE) > 0),
+                  key=lambda k: (demand[k] / weights.get(k, DEFAULT_SHARE), k))
+    weight = sum(weights.get(k, DEFAULT_SHARE) for k in keys)
+    for k in keys:
+        fair = left * weights.get(k, DEFAULT_SHARE) / weight if weight > 0 else 0.0
+        out[k] = min(demand[k], fair)
+        left -= out[k]
+        weight -= weights.get(k, DEFAULT_SHARE)
+    return out
+
+
+def fair_parts(
+    accounts: Mapping[str, AccountView],
+    user_account: Mapping[str, str],
+    shares: Mapping[str, float],
+    demand: Mapping[str, float],
+    total: float,
+) -> dict[str, float]:
+    """Each user's fair part of ``total`` devices now, given what each user asks for (``demand``:
+    devices held plus devices of pending jobs): at every level of the tree, from root down, a node's
+    part is split among its children that ask (weighted max-min by their raw shares, each capped by
+    what its subtree asks), as KAI splits a level's resources among the queues that ask.  Users that
+    ask for nothing get 0; an account none of whose users asks takes no part, so it is lent out."""
+    child_accounts, child_users = _tree(accounts, user_account, demand)
+    asked: dict[str, float] = {}
+
+    def roll_up(a: str) -> float:
+        asked[a] = (sum(max(0.0, demand.get(u, 0.0)) for u in child_users[a])
+                    + sum(roll_up(c) for c in child_accounts[a]))
+        return asked[a]
+
+    roll_up(ROOT)
+    out: dict[str, float] = {}
+
+    def split(a: str, part: float) -> None:  # children keyed "a\0NAME" (accounts) and "u\0NAME" (users)
+        kids = {f"a\0{c}": asked[c] for c in child_accounts[a]}
+        kids.update({f"u\0{u}": max(0.0, demand.get(u, 0.0)) for u in child_users[a]})
+        weights = {f"a\0{c}": max(0.0, float(accounts[c].shares)) for c in child_accounts[a]}
+        weights.update({f"u\0{u}": max(0.0, float(shares.get(u, DEFAULT_SHARE))) for u in child_users[a]})
+        for key, got in max_min_split(kids, part, weights).items():
+            kind, name = key.split("\0", 1)
+            if kind == "u":
+                out[name] = got
+            else:
+                split(name, got)
+
+    split(ROOT, total)
+    return out
 
 
 def would_cycle(accounts: Mapping[str, AccountView], name: str, parent: str | None) -> bool:

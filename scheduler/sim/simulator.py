@@ -97,6 +97,7 @@ from typing import Any
 
 from policies.preemption import plan_preemptions
 from policies.registry import get_arbiter
+from scheduler.core.accounts import max_min_split
 from scheduler.core.binding import plan_binding
 from scheduler.core.clock import FakeClock
 from scheduler.core.decide import decide
@@ -283,17 +284,9 @@ def jain_index(xs: Sequence[float]) -> float:
 
 
 def max_min_fair(demand: Mapping[str, float], total: float, shares: Mapping[str, float]) -> dict[str, float]:
-    """Weighted max-min fair split of ``total`` among users, each capped by their ``demand``."""
-    out = dict.fromkeys(demand, 0.0)
-    left = total
-    users = sorted((u for u in demand if demand[u] > 0), key=lambda u: (demand[u] / shares.get(u, 1.0), u))
-    weight = sum(shares.get(u, 1.0) for u in users)
-    for u in users:
-        fair = left * shares.get(u, 1.0) / weight if weight > 0 else 0.0
-        out[u] = min(demand[u], fair)
-        left -= out[u]
-        weight -= shares.get(u, 1.0)
-    return out
+    """Weighted max-min fair split of ``total`` among users, each capped by their ``demand``
+    (:func:`scheduler.core.accounts.max_min_split`, flat: the metric knows no accounts)."""
+    return max_min_split(demand, total, shares)
 
 
 def gang_bound(demand: Mapping[str, float], fair: Mapping[str, float], jobs: Mapping[str, Mapping[int, int]],

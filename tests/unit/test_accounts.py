@@ -9,7 +9,15 @@ import random
 
 import pytest
 
-from scheduler.core.accounts import ROOT, AccountView, share_tree, tree_factors, would_cycle
+from scheduler.core.accounts import (
+    ROOT,
+    AccountView,
+    fair_parts,
+    max_min_split,
+    share_tree,
+    tree_factors,
+    would_cycle,
+)
 from scheduler.core.fairshare import competing_tree, queue_order, user_factors
 from scheduler.core.policy_config import PolicyConfig
 from tests.builders import cluster, job
@@ -147,3 +155,30 @@ def test_competing_tree_without_accounts_is_the_flat_factor_over_those_users() -
     factors, shares = competing_tree(snap, ["a", "b"])
     assert factors == pytest.approx({"a": 2 ** -1.2, "b": 2 ** -0.8})
     assert shares == pytest.approx({"a": 0.5, "b": 0.5})
+
+
+def test_fair_parts_split_each_level_among_the_children_that_ask() -> None:
+    # 12 devices.  root -> physics (2 shares: alice 1, bob 1), bio (1: carol 1), chem (5: dave, asks
+    # nothing).  Demand: alice 10, bob 1, carol 8; eve (0 shares, under root) 3.
+    # root: chem and eve take no part (nothing asked / no weight); physics asks 11, bio 8, weights 2 : 1.
+    # Water-filling in order of asked / weight: physics (11 / 2 = 5.5) first: min(11, 12 * 2/3) = 8;
+    # then bio: min(8, 12 - 8) = 4.  physics' 8: bob (1 / 1) first: min(1, 8 / 2) = 1; alice min(10, 7) = 7.
+    accounts = {"physics": AccountView("physics", None, 2), "bio": AccountView("bio", None, 1),
+                "chem": AccountView("chem", None, 5)}
+    users = {"alice": "physics", "bob": "physics", "carol": "bio", "dave": "chem"}
+    demand = {"alice": 10.0, "bob": 1.0, "carol": 8.0, "dave": 0.0, "eve": 3.0}
+    parts = fair_parts(accounts, users, {"eve": 0.0}, demand, 12.0)
+    assert parts == pytest.approx({"alice": 7.0, "bob": 1.0, "carol": 4.0, "dave": 0.0, "eve": 0.0})
+    # with more devices than asked everyone with shares gets what they ask; eve, with no shares, gets no
+    # part at all (as a KAI queue with over-quota weight 0): the rest is left over
+    parts = fair_parts(accounts, users, {"eve": 0.0}, demand, 100.0)
+    assert parts == pytest.approx({"alice": 10.0, "bob": 1.0, "carol": 8.0, "dave": 0.0, "eve": 0.0})
+
+
+def test_fair_parts_without_accounts_are_the_flat_weighted_max_min_split() -> None:
+    # 10 devices, shares 1 / 1 / 3, demand 1 / 6 / 9: u1 first (1 / 1): 1; then u3 (9 / 3 = 3) before
+    # u2 (6): min(9, 9 * 3/4) = 6.75; u2 min(6, 2.25) = 2.25.
+    demand = {"u1": 1.0, "u2": 6.0, "u3": 9.0}
+    shares = {"u1": 1.0, "u2": 1.0, "u3": 3.0}
+    assert fair_parts({}, {}, shares, demand, 10.0) == pytest.approx({"u1": 1.0, "u2": 2.25, "u3": 6.75})
+    assert max_min_split(demand, 10.0, shares) == pytest.approx({"u1": 1.0, "u2": 2.25, "u3": 6.75})
