@@ -57,11 +57,11 @@ class PolicyConfig:
     # at 8 days 248 h for 19.1 h; fifo's longest is 198 h, backfill's 232 h, fairshare's 287 h, flow's 293 h).
     max_wait_s: float = 8 * 86400.0
     # Preemption (policies.preemption): off by default (benchmarks/RESULTS.md: what it does on the
-    # quality grid; docs/concepts.md: why it stays off).  A job
-    # of a user under their share (factor > 0.5) pending preempt_after_s for devices held by users over
-    # theirs (factor < 0.5; both among the users with jobs: fairshare.competing_tree) may take them
-    # from jobs that ran at least min_runtime_s, are preemptible and were preempted fewer than
-    # preempt_max_per_hour times in the last hour.
+    # quality grid; docs/concepts.md: why it stays off).  A job pending preempt_after_s may take
+    # devices from jobs that ran at least min_runtime_s, are preemptible and were preempted fewer than
+    # preempt_max_per_hour times in the last hour: from users that keep their fair part of the devices
+    # when its user asks for no more than theirs (accounts.fair_parts), or from users over their share
+    # when its user is under theirs (factor 0.5; both among the users with jobs: policies.preemption).
     preempt: bool = False
     preempt_after_s: float = 300.0
     min_runtime_s: float = 600.0

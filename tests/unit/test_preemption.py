@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.preemption import fits, plan_preemptions, preemption_plan, victim_reason
+from policies.preemption import fits, plan_preemptions, preemption_plan, snapshot_parts, victim_reason
 from scheduler.core.fairshare import competing_tree, snapshot_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
@@ -116,11 +116,32 @@ def test_a_victim_that_later_ones_made_unneeded_is_spared() -> None:
     assert plan_preemptions(snap, ON)[0].victims == (2,)
 
 
-def test_users_under_their_share_are_never_victims_and_over_it_never_preempt() -> None:
-    # carol (usage 0) runs; alice (F 0.25) waits: alice preempts nobody, carol is nobody's victim
-    snap = (full().running(1, "carol", {"n1": 4}, 1e9, started_s=0)
-            .running(2, "carol", {"n2": 4}, 1e9, started_s=0)
-            .pending(job(10, user="alice", devices_per_rank=4, pending_since_s=0)).build())
+def test_a_user_over_their_share_preempts_only_within_their_fair_part() -> None:
+    # carol (usage 0, under her share) holds both nodes; alice (F 0.25, over hers) waits.  Demand: carol
+    # 8, alice 4 (or 8); 8 devices split equally: parts 4 and 4.
+    def carol_holds_both() -> ClusterBuilder:
+        return (full().running(1, "carol", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+                .running(2, "carol", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200))
+
+    # alice's 4-device job: 0 + 4 <= her part 4, and carol keeps 8 - 4 = 4 >= hers: job 1 (least lost) goes
+    alices = job(10, user="alice", devices_per_rank=4, pending_since_s=0)
+    [p] = plan_preemptions(carol_holds_both().pending(alices).build(), ON)
+    assert p.victims == (1,) and "within their fair part of the devices now (0 + 4 <= 4.0)" in p.why
+    assert "under their share" not in p.why
+    # alice's 8-device job would hold 8 > 4: by her factor she may not preempt, so she does not
+    assert plan_preemptions(carol_holds_both().pending(replace(alices, ranks=2)).build(), ON) == []
+
+
+def test_fair_parts_split_the_devices_among_users_that_ask_capped_by_what_they_ask() -> None:
+    # 16 devices; alice asks 12 (holds 12), bob 8 (pending), carol 2 (holds 2), dave has a share and no
+    # jobs.  Water-filling with equal shares: carol 2 (under 16 / 3), then 14 split: alice 7, bob 7.
+    snap = (cluster().nodes("n1", "n2", "n3", "n4", free=0).shares(dave=1).at(NOW)
+            .running(1, "alice", {"n1": 4, "n2": 4, "n3": 4}, 1e9, started_s=0)
+            .running(2, "carol", {"n4": 2}, 1e9, started_s=0)
+            .pending(job(10, user="bob", ranks=2, devices_per_rank=4, pending_since_s=0)).build())
+    assert snapshot_parts(snap) == pytest.approx({"alice": 7.0, "bob": 7.0, "carol": 2.0})
+    # bob asks 8 > 7, so not by his part; by his factor (no usage) he is under his share, but nobody
+    # used anything, so nobody is over theirs: nobody is preempted
     assert plan_preemptions(snap, ON) == []
 
 
@@ -135,9 +156,18 @@ def test_only_users_with_jobs_count_in_who_is_under_their_share() -> None:
     [p] = plan_preemptions(b.pending(bobs_job()).build(), ON)
     assert p.victims == (1,) and "factor 0.57" in p.why
     assert snapshot_factors(b.build(), ["bob"])["bob"] == pytest.approx(2 ** -1.2)  # the queue's factor
-    # with carol running a job of her own she competes: bob is over his share again, nobody is preempted
+    # with carol running a job of her own she competes: bob is over his share again by usage, but the 12
+    # devices split among the three, who ask for 8, 4 and 4, give each 4, and bob asks for no more than
+    # his part: he preempts by that, alice keeping her part (8 - 4 = 4)
     b.running(3, "carol", {"n3": 4}, 1e9, started_s=0).node("n3", free=0)
-    assert plan_preemptions(b.pending(bobs_job()).build(), ON) == []
+    b._pending.clear()
+    [p] = plan_preemptions(b.pending(bobs_job()).build(), ON)
+    assert p.victims == (1,) and "under their share" not in p.why and "(0 + 4 <= 4.0)" in p.why
+    # with a second job waiting bob asks for 8: parts carol 4, bob 4, alice 4; job 10 takes job 1 as
+    # above; job 11 would give him 8 > 4, and by usage he is over his share: nobody more
+    b._pending.clear()
+    plans = plan_preemptions(b.pending(bobs_job(), replace(bobs_job(), id=11)).build(), ON)
+    assert [(q.job, q.victims) for q in plans] == [(10, (1,))]
 
 
 def test_two_waiting_jobs_do_not_count_the_same_devices() -> None:
@@ -185,8 +215,9 @@ def test_why_a_job_that_waited_preempts_nobody() -> None:
     plan = preemption_plan(b.pending(bobs_job(ranks=2)).build(), ON)
     assert plan.preemptions == []
     assert plan.nobody == {10: "it would not fit even with every job it may preempt; the 4 running job(s) of other "
-                               "users: not preemptible: 1; of users not over their share: 1; ran less than "
-                               "min_runtime_s: 1; preempted preempt_max_per_hour times in the last hour: 1"}
+                               "users: not preemptible: 1; ran less than min_runtime_s: 1; preempted "
+                               "preempt_max_per_hour times in the last hour: 1; of users neither over their share "
+                               "nor above their fair part: 1"}
     # one usable victim (job 1 once it has run 600 s) is not enough for two ranks: counted as such
     b._running[0] = replace(b._running[0], started_s=0)
     plan = preemption_plan(b.pending(bobs_job(ranks=2)).build(), ON)
@@ -196,12 +227,13 @@ def test_why_a_job_that_waited_preempts_nobody() -> None:
 
 
 def test_why_nobody_names_the_factor_and_the_held_share_rule_and_is_silent_when_it_fits_or_is_young() -> None:
-    # alice (F 0.25, over her share) waits for bob's devices: her factor is why
+    # alice (F 0.25, over her share) waits with 8 devices for bob's (her part of the 8: 4): both are why
     snap = (full().usage(alice=1000, bob=0).running(1, "bob", {"n1": 4}, 1e9, started_s=0)
             .running(2, "bob", {"n2": 4}, 1e9, started_s=0)
-            .pending(job(10, user="alice", devices_per_rank=4, pending_since_s=0)).build())
+            .pending(job(10, user="alice", ranks=2, devices_per_rank=4, pending_since_s=0)).build())
     assert preemption_plan(snap, ON).nobody == {10: "alice is not under their share among users with jobs (factor "
-                                                    "0.25; a job preempts only when its user's is above 0.50)"}
+                                                    "0.25; a job preempts only above 0.50) and would hold more than "
+                                                    "their fair part of the devices now (0 + 8 > 4.0)"}
     # bob already holds 4 on n3: taking alice's job would leave her 4 against his 8 (see the test above)
     snap = (full().node("n3", free=0)
             .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
@@ -258,8 +290,9 @@ def _place(p: dict, free: dict[str, int]) -> dict[str, int] | None:
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.integers(min_value=0, max_value=10**9))
 def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
-    """Each cycle: preemptors' users under share, victims' over it (among the users with jobs), no job both; across cycles a victim
-    ran min_runtime_s since its start and nobody is preempted more than 2 times in any hour."""
+    """Each cycle: preemptors' users under share (among the users with jobs) or within their fair part,
+    victims' over their share or left at or above their part, no job both; across cycles a victim ran
+    min_runtime_s since its start and nobody is preempted more than 2 times in any hour."""
     rng = random.Random(seed)
     cfg = PolicyConfig(preempt=True, preempt_after_s=300, min_runtime_s=600, preempt_max_per_hour=2,
                        usage_half_life_s=rng.choice([3600.0, 86400.0]))
@@ -282,19 +315,29 @@ def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
         snap = _cycle_snapshot(now, nodes, running, {j: p for j, p in pending.items() if p["submit"] <= now},
                                usage, shares, preempted_at)
         factors = snapshot_factors(snap, users)  # the queue's order
-        # who is under or over their share: among the users with jobs now (competing_tree)
+        # who is under or over their share: among the users with jobs now (competing_tree); their fair
+        # parts of the devices now (snapshot_parts)
         among, _ = competing_tree(snap, [j.user for j in snap.pending] + [r.user for r in snap.running])
+        parts = snapshot_parts(snap)
         plans = plan_preemptions(snap, cfg)
         preemptors = {p.job for p in plans}
         victims = [v for p in plans for v in p.victims]
         assert len(victims) == len(set(victims))  # nobody preempted twice in one cycle
         assert not preemptors & set(victims)
+        held = defaultdict(int, {u: sum(sum(r["placed"].values()) for r in running.values() if r["user"] == u)
+                                 for u in users})
         for p in plans:
-            assert among[pending[p.job]["user"]] > 0.5
+            mine = pending[p.job]
+            need = mine["ranks"] * mine["dpr"]
+            by_part = held[mine["user"]] + need <= parts.get(mine["user"], 0.0) + 1e-9
+            assert among[mine["user"]] > 0.5 or by_part  # under their share, or within their part
             for v in p.victims:
                 r = running[v]
-                assert among[r["user"]] < 0.5 and r["preemptible"]
-                assert now - r["start"] >= cfg.min_runtime_s
+                assert r["preemptible"] and now - r["start"] >= cfg.min_runtime_s
+                held[r["user"]] -= sum(r["placed"].values())
+            for u in {running[v]["user"] for v in p.victims}:  # victims' users over their share, or
+                assert among[u] < 0.5 or (by_part and held[u] >= parts.get(u, 0.0) - 1e-9)  # left their part
+            held[mine["user"]] += need
         for v in victims:  # back to pending, keeping its age; work since its checkpoint is lost
             r = running.pop(v)
             done = ((now - r["start"]) // r["epoch_s"]) * r["epoch_s"]
