@@ -101,6 +101,20 @@ def _tree(accounts: Mapping[str, AccountView], user_account: Mapping[str, str],
     return child_accounts, child_users
 
 
+def _subtree_sums(child_accounts: Mapping[str, list[str]], child_users: Mapping[str, list[str]],
+                  values: Mapping[str, float]) -> dict[str, float]:
+    """Each account's sum of ``values`` (negatives as 0) over the users of its subtree, root included."""
+    out: dict[str, float] = {}
+
+    def roll_up(a: str) -> float:
+        out[a] = (sum(max(0.0, values.get(u, 0.0)) for u in child_users[a])
+                  + sum(roll_up(c) for c in child_accounts[a]))
+        return out[a]
+
+    roll_up(ROOT)
+    return out
+
+
 def share_tree(
     accounts: Mapping[str, AccountView],
     user_account: Mapping[str, str],
@@ -120,15 +134,8 @@ def share_tree(
     def acc_shares(a: str) -> float:
         return max(0.0, float(accounts[a].shares))
 
-    raw_acc: dict[str, float] = {}
-
-    def roll_up(a: str) -> float:
-        total = sum(max(0.0, usage.get(u, 0.0)) for u in child_users[a])
-        total += sum(roll_up(c) for c in child_accounts[a])
-        raw_acc[a] = total
-        return total
-
-    total_usage = roll_up(ROOT)
+    raw_acc = _subtree_sums(child_accounts, child_users, usage)
+    total_usage = raw_acc[ROOT]
     rows: list[ShareRow] = []
 
     def norm_u(raw: float) -> float:
@@ -196,14 +203,7 @@ def fair_parts(
     what its subtree asks), as KAI splits a level's resources among the queues that ask.  Users that
     ask for nothing get 0; an account none of whose users asks takes no part, so it is lent out."""
     child_accounts, child_users = _tree(accounts, user_account, demand)
-    asked: dict[str, float] = {}
-
-    def roll_up(a: str) -> float:
-        asked[a] = (sum(max(0.0, demand.get(u, 0.0)) for u in child_users[a])
-                    + sum(roll_up(c) for c in child_accounts[a]))
-        return asked[a]
-
-    roll_up(ROOT)
+    asked = _subtree_sums(child_accounts, child_users, demand)
     out: dict[str, float] = {}
 
     def split(a: str, part: float) -> None:  # children keyed "a\0NAME" (accounts) and "u\0NAME" (users)
