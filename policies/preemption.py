@@ -174,7 +174,7 @@ def _fair(mine: float, victims: list[RunningView], held: Mapping[str, int], shar
 class Plan:
     """This cycle's preemptions, in queue order, and ``nobody``: for each pending job that has waited
     ``preempt_after_s``, does not fit in the free devices and preempts nobody, why (the words
-    ``gsched explain`` shows under "preemption")."""
+    ``gsched explain`` shows after "preempts nobody:")."""
 
     preemptions: list[Preemption]
     nobody: dict[int, str]
