@@ -57,7 +57,7 @@ clusters and queues).  A job can later preempt the job that preempted it once ho
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -189,32 +189,29 @@ def _count_words(counts: Mapping[str, int]) -> str:
     return "; ".join(f"{why}: {n}" for why, n in counts.items() if n > 0)
 
 
-def demand_devices(snap: Snapshot) -> dict[str, float]:
-    """What each user asks for now: the devices their active jobs hold plus those of their pending jobs."""
-    out: dict[str, float] = defaultdict(float)
-    for u, d in held_devices(snap).items():
-        out[u] += d
-    for j in snap.pending:
-        out[j.user] += j.devices
-    return dict(out)
-
-
-def snapshot_parts(snap: Snapshot) -> dict[str, float]:
+def snapshot_parts(snap: Snapshot, held: Mapping[str, int] | None = None) -> dict[str, float]:
     """Each user's fair part of the snapshot's devices now (:func:`scheduler.core.accounts.fair_parts`
-    over the account tree, from :func:`demand_devices`)."""
-    return fair_parts(snap.accounts, snap.user_account, snap.shares, demand_devices(snap),
+    over the account tree), from what each asks for: the devices their active jobs hold (``held``, as
+    :func:`held_devices` gives it; computed when None) plus those of their pending jobs."""
+    demand: dict[str, float] = defaultdict(float)
+    for u, d in (held_devices(snap) if held is None else held).items():
+        demand[u] += d
+    for j in snap.pending:
+        demand[j.user] += j.devices
+    return fair_parts(snap.accounts, snap.user_account, snap.shares, demand,
                       float(sum(n.devices for n in snap.nodes.values())))
 
 
 def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> Plan:
     """:func:`plan_preemptions`, with why each job that waited long enough preempts nobody (``nobody``
     left empty unless ``explain``: the simulator, which plans at every event, does not read it)."""
-    if not cfg.preempt:
-        return Plan([], {})
+    if not cfg.preempt or not any(snap.now_s - j.pending_since_s >= cfg.preempt_after_s for j in snap.pending):
+        return Plan([], {})  # nobody has waited long enough to preempt (the loop below would skip them all)
     users = [j.user for j in snap.pending] + [r.user for r in snap.running]
     factors, shares = competing_tree(snap, users)
-    parts = snapshot_parts(snap)
     held = held_devices(snap)
+    parts = snapshot_parts(snap, held)
+    running_by_user = Counter(r.user for r in snap.running)
     ordered, _, _ = queue_order(snap, cfg)
     free = {n: v.free for n, v in snap.nodes.items()}
     for r in snap.running:  # devices of stopping jobs (earlier victims among them) are free once they exit
@@ -281,7 +278,8 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
                     trial[n] += dn
         if not fits(job, trial):
             if explain:
-                nobody[job.id] = _short_of_victims(job, snap, refused, counts, len(chosen))
+                nobody[job.id] = _short_of_victims(job, len(snap.running) - running_by_user[job.user], refused,
+                                                    counts, len(chosen))
             continue
         for r in reversed(list(chosen)):  # drop any victim the later ones made unneeded
             without = dict(trial)
@@ -316,17 +314,16 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     return Plan(out, nobody)
 
 
-def _short_of_victims(job: JobView, snap: Snapshot, refused: Mapping[str, Mapping[str, int]],
+def _short_of_victims(job: JobView, others: int, refused: Mapping[str, Mapping[str, int]],
                       counts: Mapping[str, int], usable: int) -> str:
-    """Why ``job`` would not fit even with every job it may preempt: the running jobs of other users
-    counted by the rule that keeps each (``refused``: by user, as the cycle began; ``counts``: kept for
-    this job by its users' shares; ``usable``: those it could take)."""
+    """Why ``job`` would not fit even with every job it may preempt: the ``others`` running jobs of
+    other users counted by the rule that keeps each (``refused``: by user, as the cycle began;
+    ``counts``: kept for this job by its users' shares; ``usable``: those it could take)."""
     words = {why: sum(whys.get(why, 0) for user, whys in refused.items() if user != job.user)
              for why in _WHY_NOT_ORDER}
     words[NOT_OVER] = counts[NOT_OVER]
     words[UNFAIR.format(user=job.user)] = counts[UNFAIR]
     words[NOT_ENOUGH] = usable
-    others = sum(1 for r in snap.running if r.user != job.user)
     words[TAKEN] = others - sum(words.values())
     if others == 0:
         return "no job of another user is running: it waits for devices of its own user's jobs or for free ones"

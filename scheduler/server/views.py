@@ -60,8 +60,9 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
     candidate has its ``reason`` words and, as data, its ``why``.  ``preemptions``: while the job is
     pending, the words of each ``job.preempting`` event since it last became pending (the jobs preempted
     for it, and why), oldest first; ``preempts_nobody``: while it is pending, with preemption on, why the
-    last cycle preempted nobody for it although it had waited ``preempt_after_s`` (None otherwise).  ``left_out``: while the job is pending, the up nodes that take no
-    new ranks now, each ``{"node", "reason"}`` (drained, or free disk under ``disk_floor_bytes``).
+    last cycle preempted nobody for it although it had waited ``preempt_after_s`` (None otherwise).
+    ``left_out``: while the job is pending, the up nodes that take no new ranks now, each ``{"node",
+    "reason"}`` (drained, or free disk under ``disk_floor_bytes``).
     ``stopping``: while the job is pending, its ranks of the last attempt not stopped yet on nodes that
     are up (``stopping_ranks``): the cycle binds it again only once there are none."""
     ex = job.explain or {}

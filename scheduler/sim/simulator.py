@@ -283,12 +283,6 @@ def jain_index(xs: Sequence[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sq)
 
 
-def max_min_fair(demand: Mapping[str, float], total: float, shares: Mapping[str, float]) -> dict[str, float]:
-    """Weighted max-min fair split of ``total`` among users, each capped by their ``demand``
-    (:func:`scheduler.core.accounts.max_min_split`, flat: the metric knows no accounts)."""
-    return max_min_split(demand, total, shares)
-
-
 def gang_bound(demand: Mapping[str, float], fair: Mapping[str, float], jobs: Mapping[str, Mapping[int, int]],
                window_s: float) -> bool:
     """Whether a window is *gang-bound*: some user asked for more than their max-min part (``demand``
@@ -758,7 +752,7 @@ class Simulation:
             used = sum(recv.values())
             if used <= 0:
                 continue
-            fair = max_min_fair(dem, used, self.shares)
+            fair = max_min_split(dem, used, self.shares)  # flat: the metric knows no accounts
             j = jain_index([recv[u] / fair[u] for u in sorted(fair) if fair[u] > 0])
             jain_num += j * used
             jain_den += used
