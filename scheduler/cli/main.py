@@ -40,7 +40,7 @@ VERBS = {
     "nodes": "list nodes with their devices, shards, state and why one takes no new work (drained, low disk)",
     "node": "drain a node (no new ranks or shard copies; running ranks finish) or resume it (admin)",
     "explain": "why a job is pending (and which nodes are left out, and why), or why it landed where it did",
-    "share": "the fair-share tree like sshare -l: shares, usage, effective usage, factor",
+    "share": "the fair-share tree like sshare -l: shares, usage, effective usage, factor, devices held and fair part now",
     "account": "add, list or move fair-share accounts (admin)",
     "events": "the audit log: who did what, when",
     "plot": "draw a job's training curves or the cluster's history to PNG",

@@ -9,19 +9,25 @@ from typing import Any
 
 from scheduler.protocol.client import Client
 
-COLUMNS = ("account", "user", "raw_shares", "norm_shares", "raw_usage", "norm_usage", "effective_usage", "factor")
-HEADERS = ("Account", "User", "RawShares", "NormShares", "RawUsage", "NormUsage", "EffectvUsage", "FairShare")
+COLUMNS = ("account", "user", "raw_shares", "norm_shares", "raw_usage", "norm_usage", "effective_usage", "factor",
+           "held_devices", "asked_devices", "fair_part")
+HEADERS = ("Account", "User", "RawShares", "NormShares", "RawUsage", "NormUsage", "EffectvUsage", "FairShare",
+           "Held", "Asked", "FairPart")
 
 
 def share_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The tree as text, one line per account or user, accounts indented by depth (as sshare does)."""
+    """The tree as text, one line per account or user, accounts indented by depth (as sshare does);
+    then the devices held and asked for now and the fair part of the devices now (what preemption
+    reads; docs/concepts.md)."""
     lines = [f"{HEADERS[0]:<20} {HEADERS[1]:<12} {HEADERS[2]:>9} {HEADERS[3]:>10} {HEADERS[4]:>11} "
-             f"{HEADERS[5]:>9} {HEADERS[6]:>12} {HEADERS[7]:>9}", "-" * 99]
+             f"{HEADERS[5]:>9} {HEADERS[6]:>12} {HEADERS[7]:>9} {HEADERS[8]:>6} {HEADERS[9]:>6} {HEADERS[10]:>8}",
+             "-" * 122]
     for r in rows:
         indent = " " * max(0, r["depth"] - (1 if r["user"] else 0))
         lines.append(f"{(indent + r['account'])[:20]:<20} {(r['user'] or '')[:12]:<12} {r['raw_shares']:>9g} "
                      f"{r['norm_shares']:>10.6f} {r['raw_usage']:>11.0f} {r['norm_usage']:>9.6f} "
-                     f"{r['effective_usage']:>12.6f} {r['factor']:>9.6f}")
+                     f"{r['effective_usage']:>12.6f} {r['factor']:>9.6f} {r['held_devices']:>6g} "
+                     f"{r['asked_devices']:>6g} {r['fair_part']:>8.1f}")
     return lines
 
 

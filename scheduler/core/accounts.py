@@ -115,6 +115,13 @@ def _subtree_sums(child_accounts: Mapping[str, list[str]], child_users: Mapping[
     return out
 
 
+def account_sums(accounts: Mapping[str, AccountView], user_account: Mapping[str, str],
+                 values: Mapping[str, float]) -> dict[str, float]:
+    """Each account's sum of the users' ``values`` over its subtree (``root``: every user), as
+    :func:`share_tree` rolls usage up (negatives as 0)."""
+    return _subtree_sums(*_tree(accounts, user_account, values), values)
+
+
 def share_tree(
     accounts: Mapping[str, AccountView],
     user_account: Mapping[str, str],

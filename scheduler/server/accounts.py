@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.core.accounts import ROOT, AccountView, share_tree, would_cycle
+from policies.preemption import held_devices, snapshot_parts
+from scheduler.core.accounts import ROOT, AccountView, account_sums, share_tree, would_cycle
 from scheduler.core.errors import Conflict, NotFound, Unprocessable
 from scheduler.core.fairshare import decay
 from scheduler.core.policy_config import PolicyConfig
@@ -22,6 +23,7 @@ from scheduler.server.auth import Identity
 from scheduler.server.service import require_admin
 from scheduler.store.effects import record
 from scheduler.store.models import Account, Usage, User
+from scheduler.store.snapshot_reader import build_snapshot
 
 ACCOUNT_NAME_RE = r"^[a-z_][a-z0-9_-]{0,63}$"
 
@@ -95,14 +97,52 @@ def decayed_usage(s: Session, now: float, half_life_s: float) -> dict[str, float
     return {u.user: decay(u.device_seconds, max(0.0, now - u.updated_at), half_life_s) for u in s.scalars(select(Usage))}
 
 
-def share_tree_rows(s: Session, now: float, policy: PolicyConfig) -> list[dict[str, Any]]:
+def share_tree_rows(s: Session, now: float, policy: PolicyConfig, devices: bool = False,
+                    disk_floor_bytes: int = 0) -> list[dict[str, Any]]:
     """``gsched share`` (like ``sshare -l``): every account and user of the tree, root first, with raw
     and normalised shares, raw usage (device-seconds, decayed to now), normalised and effective usage
-    and the fair-share factor (Slurm's classic definitions, scheduler/core/accounts.py)."""
+    and the fair-share factor (Slurm's classic definitions, scheduler/core/accounts.py).
+
+    ``devices``: also what each holds and asks for now and its fair part of the devices now, as
+    preemption reads them (:func:`device_columns`); the queue view, which reads the users' factors on
+    every call, leaves them out (they read the whole cluster)."""
     users = dict(s.execute(select(User.name, User.shares)).all())
     usage = {u: x for u, x in decayed_usage(s, now, policy.usage_half_life_s).items()}
-    rows = share_tree(account_views(s), user_accounts(s), usage, users, users)
-    return [{"account": r.account, "user": r.user, "depth": r.depth, "raw_shares": r.raw_shares,
-             "norm_shares": round(r.norm_shares, 6), "raw_usage": round(r.raw_usage, 3),
-             "norm_usage": round(r.norm_usage, 6), "effective_usage": round(r.effective_usage, 6),
-             "factor": round(r.factor, 6)} for r in rows]
+    views, user_account = account_views(s), user_accounts(s)
+    rows = share_tree(views, user_account, usage, users, users)
+    extra = device_columns(s, now, views, user_account, disk_floor_bytes) if devices else None
+    out = []
+    for r in rows:
+        row: dict[str, Any] = {
+            "account": r.account, "user": r.user, "depth": r.depth, "raw_shares": r.raw_shares,
+            "norm_shares": round(r.norm_shares, 6), "raw_usage": round(r.raw_usage, 3),
+            "norm_usage": round(r.norm_usage, 6), "effective_usage": round(r.effective_usage, 6),
+            "factor": round(r.factor, 6)}
+        if extra is not None:
+            key = r.user if r.user is not None else r.account
+            for col, values in extra.items():
+                row[col] = round(values[0 if r.user is not None else 1].get(key, 0.0), 3)
+        out.append(row)
+    return out
+
+
+DEVICE_COLUMNS = ("held_devices", "asked_devices", "fair_part")
+
+
+def device_columns(s: Session, now: float, views: dict[str, AccountView], user_account: dict[str, str],
+                   disk_floor_bytes: int = 0) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Per column of :data:`DEVICE_COLUMNS`, (by user, by account): the devices held by active running
+    jobs, those plus the devices of pending jobs the cycle would schedule (what a user asks for now),
+    and the fair part of the devices now (``policies.preemption.snapshot_parts``: the weighted max-min
+    split of the devices the cycle may place on among those who ask, level by level of the tree; KAI's
+    fair share).  An account's figure is the sum over the users of its subtree."""
+    snap = build_snapshot(s, now, disk_floor_bytes=disk_floor_bytes, preemption=False)
+    held = held_devices(snap)
+    asked: dict[str, float] = {u: float(d) for u, d in held.items()}
+    for j in snap.pending:
+        asked[j.user] = asked.get(j.user, 0.0) + j.devices
+    parts = snapshot_parts(snap, held)
+    out = {}
+    for col, by_user in zip(DEVICE_COLUMNS, ({u: float(d) for u, d in held.items()}, asked, parts), strict=True):
+        out[col] = (by_user, account_sums(views, user_account, by_user))
+    return out

@@ -10,11 +10,13 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import func, select
 
+from policies.preemption import snapshot_parts
 from scheduler.core.clock import FakeClock
 from scheduler.core.errors import Forbidden
 from scheduler.core.lifecycle import RankState
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server import service as svc
+from scheduler.server.accounts import add_account, set_user_account, share_tree_rows
 from scheduler.server.auth import Identity
 from scheduler.server.config import ConfigError, Settings, load_settings
 from scheduler.server.cycle import run_cycle
@@ -22,7 +24,7 @@ from scheduler.server.views import explain_view
 from scheduler.store.db import Database
 from scheduler.store.models import Checkpoint, Event, Job, Rank, Usage
 from scheduler.store.snapshot_reader import build_snapshot
-from tests.db.test_store import ALICE, SPEC, setup_cluster
+from tests.db.test_store import ADMIN, ALICE, SPEC, setup_cluster
 
 BOB = Identity("user", "bob")
 ONE = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
@@ -164,3 +166,29 @@ def test_the_server_config_lists_who_may_opt_out_of_preemption(tmp_path) -> None
     cfg.write_text('non_preemptible_users = "alice"\n')
     with pytest.raises(ConfigError, match="non_preemptible_users"):
         load_settings(cfg)
+
+
+def test_share_shows_what_each_holds_asks_for_and_its_fair_part_now(db: Database) -> None:
+    # alice (physics, 3 shares) runs a 2-device job on n1 and n2, the cluster's 2 devices; bob (bio, 1
+    # share) waits for one.  The root's 2 devices are split between the accounts that ask, weighted
+    # max-min: physics asks 2 (2/3 per share), bio 1 (1 per share); physics first: 2 * 3/4 = 1.5 < 2,
+    # so 1.5; bio the 0.5 left (< 1).  The admin asks for nothing: part 0.
+    clock = FakeClock(1000.0)
+    _alice_runs_on_both_nodes(db, clock)
+    with db.session() as s:
+        svc.submit_job(s, clock.now(), BOB, ONE, None)
+        add_account(s, clock.now(), ADMIN, "physics", None, 3)
+        add_account(s, clock.now(), ADMIN, "bio", None, 1)
+        set_user_account(s, clock.now(), ADMIN, "alice", "physics")
+        set_user_account(s, clock.now(), ADMIN, "bob", "bio")
+    with db.read() as s:
+        rows = {(r["user"] or r["account"]): r for r in share_tree_rows(s, clock.now(), PolicyConfig(), devices=True)}
+        plain = share_tree_rows(s, clock.now(), PolicyConfig())
+    got = {k: (r["held_devices"], r["asked_devices"], r["fair_part"]) for k, r in rows.items()}
+    assert got == {"root": (2, 3, 2), "physics": (2, 2, 1.5), "alice": (2, 2, 1.5),
+                   "bio": (0, 1, 0.5), "bob": (0, 1, 0.5), "admin": (0, 0, 0)}
+    assert "fair_part" not in plain[0]  # the queue view's share rows do not read the cluster
+    # and the plan reads the same parts (bob asks 1 > 0.5: he may not preempt by the part)
+    with db.read() as s:
+        snap = build_snapshot(s, clock.now())
+    assert snapshot_parts(snap) == {"alice": 1.5, "bob": 0.5}

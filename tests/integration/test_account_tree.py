@@ -43,7 +43,7 @@ def rows(c: LocalCluster) -> dict[str, dict]:  # type: ignore[type-arg]
 def test_share_json_has_the_sshare_long_columns_and_the_tree(tree: LocalCluster) -> None:
     out = json.loads(tree.cli("share", "--json").stdout)
     assert list(out[0]) == ["account", "user", "raw_shares", "norm_shares", "raw_usage", "norm_usage",
-                            "effective_usage", "factor"]
+                            "effective_usage", "factor", "held_devices", "asked_devices", "fair_part"]
     by = {(r["user"] or r["account"]): r for r in out}
     # physics 60/100 = 0.6; theory 0.6 * 1/(1 + 1 + 1) (theory, alice, bob) = 0.2; alice the same
     assert by["physics"]["norm_shares"] == pytest.approx(0.6)
@@ -54,6 +54,10 @@ def test_share_json_has_the_sshare_long_columns_and_the_tree(tree: LocalCluster)
     assert by["admin"]["norm_shares"] == pytest.approx(0.01)
     text = tree.cli("share").stdout
     assert "EffectvUsage" in text and "physics" in text and "theory" in text
+    # no agent, no devices: nobody holds, asks for or has a part of any (tests/db/test_preempt_cycle.py
+    # has them with jobs)
+    assert {(r["held_devices"], r["asked_devices"], r["fair_part"]) for r in out} == {(0, 0, 0)}
+    assert text.splitlines()[0].split()[-3:] == ["Held", "Asked", "FairPart"]
 
 
 def test_usage_rolls_up_and_the_cycle_sees_the_tree(tree: LocalCluster) -> None:

@@ -48,4 +48,5 @@ def move_user(name: Name, body: AccountIn, request: Request) -> dict[str, Any]:
 def share_tree(request: Request) -> list[dict[str, Any]]:
     ctx = context(request)
     with ctx.db.read() as s:
-        return acc.share_tree_rows(s, ctx.clock.now(), ctx.settings.policy)
+        return acc.share_tree_rows(s, ctx.clock.now(), ctx.settings.policy, devices=True,
+                                   disk_floor_bytes=ctx.settings.disk_floor_bytes)
