@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.preemption import fits, plan_preemptions, preemption_plan, snapshot_parts, victim_reason
+from policies.preemption import _Free, fits, plan_preemptions, preemption_plan, snapshot_parts, victim_reason
 from scheduler.core.fairshare import competing_tree, snapshot_factors
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.snapshot import JobView, NodeView, RunningView, Snapshot
@@ -366,3 +366,29 @@ def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
 def test_fits_counts_whole_ranks_per_node() -> None:
     j = job(1, ranks=2, devices_per_rank=3)
     assert fits(j, {"a": 3, "b": 3}) and fits(j, {"a": 6}) and not fits(j, {"a": 5}) and not fits(j, {"a": 2, "b": 4})
+
+
+def test_jobs_that_start_in_free_devices_take_the_most_free_nodes_first() -> None:
+    # n1 4 free, n2 2, n3 4: the 2-rank job of 2 devices takes both ranks on n1 (most free, first by
+    # name); then the next 2-rank job takes n3's 4; then a job of 4 devices fits nowhere but with victims
+    free = _Free({"n1": 4, "n2": 2, "n3": 4})
+    two = job(1, ranks=2, devices_per_rank=2)
+    assert free.fits(two) and free.slots(2) == 5
+    free.take(two)
+    assert free.free == {"n1": 0, "n2": 2, "n3": 4} and free.slots(2) == 3
+    free.take(two)
+    assert free.free == {"n1": 0, "n2": 2, "n3": 0} and free.slots(2) == 1 and free.slots(1) == 2
+    assert not free.fits(job(2, ranks=1, devices_per_rank=4))
+    free.add("n1", 4)  # a victim's devices
+    assert free.fits(job(2, ranks=1, devices_per_rank=4)) and free.slots(2) == 3
+
+
+def test_each_waiting_job_of_one_user_and_shape_is_told_why_it_preempts_nobody() -> None:
+    # alice's two jobs are not preemptible; bob's three identical jobs each get the same answer (the
+    # plan asks once per user and shape until something changes)
+    snap = (full().running(1, "alice", {"n1": 4}, 1e9, started_s=0, preemptible=False)
+            .running(2, "alice", {"n2": 4}, 1e9, started_s=0, preemptible=False)
+            .pending(bobs_job(), replace(bobs_job(), id=11), replace(bobs_job(), id=12)).build())
+    plan = preemption_plan(snap, ON)
+    assert plan.preemptions == [] and set(plan.nobody) == {10, 11, 12}
+    assert len(set(plan.nobody.values())) == 1 and plan.nobody[12].endswith("not preemptible: 2")
