@@ -59,7 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from scheduler.core.accounts import fair_parts
@@ -305,15 +305,40 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     by_data: dict[str | None, list[RunningView]] = {}  # the pool in victims' order, per preemptor's data set
     taken: set[int] = set()  # victims of earlier preemptors this cycle
 
+    loss_key = {r.id: lost_work_s(r, snap.now_s) // step if step > 0 else lost_work_s(r, snap.now_s) for r in pool}
+    on_node: dict[str, list[tuple[RunningView, int]]] = defaultdict(list)  # node -> (pool job, its devices there)
+    for r in pool:
+        for n, d in r.devices_by_node:
+            on_node[n].append((r, d))
+
     def victims_order(dataset: str | None) -> list[RunningView]:
+        """The pool in the order victims are taken for a job reading ``dataset``: least work lost (in
+        steps), then most devices on the nodes holding the data, then job id."""
         if dataset not in by_data:
-            holders = data_nodes.get(dataset, set()) if dataset is not None else set()
-            by_data[dataset] = sorted(pool, key=lambda r: (
-                lost_work_s(r, snap.now_s) // step if step > 0 else lost_work_s(r, snap.now_s),
-                -sum(d for n, d in r.devices_by_node if n in holders), r.id))
+            on_data: dict[int, int] = defaultdict(int)  # devices on the data's nodes, of the jobs with any
+            for n in data_nodes.get(dataset, ()) if dataset is not None else ():
+                for r, d in on_node.get(n, ()):
+                    on_data[r.id] += d
+            by_data[dataset] = sorted(pool, key=lambda r: (loss_key[r.id], -on_data.get(r.id, 0), r.id))
         return by_data[dataset]
 
+    by_user: dict[str | None, dict[str, list[tuple[int, RunningView]]]] = {}
+
+    def victims_of(dataset: str | None, users: list[str]) -> Iterator[RunningView]:
+        """``victims_order(dataset)`` restricted to ``users``' jobs (merged from per-user lists)."""
+        if dataset not in by_user:
+            split: dict[str, list[tuple[int, RunningView]]] = defaultdict(list)
+            for i, r in enumerate(victims_order(dataset)):
+                split[r.user].append((i, r))
+            by_user[dataset] = split
+        lists = by_user[dataset]
+        return (r for _, r in heapq.merge(*(lists.get(u, []) for u in users)))
+
     size = {r.id: devices(r) for r in pool}
+    left_in_pool = Counter(r.user for r in pool)  # each user's jobs in the pool not taken yet
+    smallest: dict[str, int] = {}  # each user's smallest job in the pool, in devices
+    for r in pool:
+        smallest[r.user] = min(size[r.id], smallest.get(r.user, size[r.id]))
     # Jobs of one user and shape that found no victims, and why: the same answer for the next such job
     # until a job preempts (holdings and the pool change).  A job that starts in free devices leaves
     # fewer free: one that would not fit even with every victim it may take still would not (the
@@ -347,13 +372,21 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             if explain:
                 nobody[job.id] = failed[shape]
             continue
-        candidates = (r for r in victims_order(job.dataset) if r.user != job.user and r.id not in taken)
+        counts = dict.fromkeys((NOT_OVER, UNFAIR), 0)
+        # Users who may lose a job to this one: over their share by the factor (when it preempts by the
+        # factor), or holding enough that their smallest job leaves them at their part (by the part; what
+        # they hold only falls as victims are chosen).  The others' jobs are never taken: they are
+        # counted for explain without being looked at one by one.
+        may_lose = [u for u in left_in_pool if u != job.user and (
+            (by_share and factors.get(u, 1.0) < 0.5)
+            or (by_part and held[u] - smallest[u] >= parts.get(u, 0.0) - EPS))]
+        counts[NOT_OVER] = sum(n for u, n in left_in_pool.items() if u != job.user and u not in may_lose)
+        candidates = (r for r in victims_of(job.dataset, may_lose) if r.id not in taken)
         chosen: list[RunningView] = []
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
         via_part: set[int] = set()  # victims taken by the part (the others by the factor)
         mine = _held_share(held[job.user] + job.devices, shares.get(job.user, 0.0))
-        counts = dict.fromkeys((NOT_OVER, UNFAIR), 0)
         fair_alone: dict[tuple[str, int], bool] = {}  # the held-share rule for one victim, by its user and size
         for r in candidates:
             if trial.fits():
@@ -405,6 +438,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         for r in chosen:
             held[r.user] -= devices(r)
         taken.update(r.id for r in chosen)
+        left_in_pool.subtract(r.user for r in chosen)
         failed.clear()
         refused_shapes.clear()
         lost = sum(lost_work_s(r, snap.now_s) * devices(r) for r in chosen)
