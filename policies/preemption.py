@@ -188,6 +188,38 @@ def _data_nodes(snap: Snapshot) -> dict[str, set[str]]:
     return out
 
 
+class _VictimOrder:
+    """The pool of jobs that may be preempted this cycle, in the order victims are taken for a job
+    reading a data set: least work lost first (in steps of ``step``: equals within one), then most
+    devices on the nodes holding the data, then job id.  Ordered once per data set and split per user."""
+
+    def __init__(self, pool: list[RunningView], snap: Snapshot, step: float) -> None:
+        self.pool = pool
+        self.loss = {r.id: lost_work_s(r, snap.now_s) // step if step > 0 else lost_work_s(r, snap.now_s)
+                     for r in pool}
+        self.on_node: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> (pool job, its devices there)
+        for r in pool:
+            for n, d in r.devices_by_node:
+                self.on_node[n].append((r.id, d))
+        self.data_nodes = _data_nodes(snap)
+        self.by_user: dict[str | None, dict[str, list[tuple[int, RunningView]]]] = {}
+
+    def of(self, dataset: str | None, users: list[str]) -> Iterator[RunningView]:
+        """The jobs of ``users`` in the order for ``dataset``."""
+        if dataset not in self.by_user:
+            on_data: dict[int, int] = defaultdict(int)  # devices on the data's nodes, of the jobs with any
+            for n in self.data_nodes.get(dataset, ()) if dataset is not None else ():
+                for job_id, d in self.on_node.get(n, ()):
+                    on_data[job_id] += d
+            ordered = sorted(self.pool, key=lambda r: (self.loss[r.id], -on_data.get(r.id, 0), r.id))
+            split: dict[str, list[tuple[int, RunningView]]] = defaultdict(list)
+            for i, r in enumerate(ordered):
+                split[r.user].append((i, r))
+            self.by_user[dataset] = split
+        lists = self.by_user[dataset]
+        return (r for _, r in heapq.merge(*(lists.get(u, []) for u in users)))
+
+
 # Why a running job may not be preempted this cycle, in the order the rules are checked (the words
 # ``explain`` gives, counted, for a job that waited and preempts nobody).
 STOPPING = "stopping already"
@@ -300,40 +332,8 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             pool.append(r)
         else:
             refused[r.user][why_not] += 1
-    step = cfg.preempt_equal_loss_s  # victims whose lost work falls in one step of this are equals
-    data_nodes = _data_nodes(snap)
-    by_data: dict[str | None, list[RunningView]] = {}  # the pool in victims' order, per preemptor's data set
+    order = _VictimOrder(pool, snap, cfg.preempt_equal_loss_s)
     taken: set[int] = set()  # victims of earlier preemptors this cycle
-
-    loss_key = {r.id: lost_work_s(r, snap.now_s) // step if step > 0 else lost_work_s(r, snap.now_s) for r in pool}
-    on_node: dict[str, list[tuple[RunningView, int]]] = defaultdict(list)  # node -> (pool job, its devices there)
-    for r in pool:
-        for n, d in r.devices_by_node:
-            on_node[n].append((r, d))
-
-    def victims_order(dataset: str | None) -> list[RunningView]:
-        """The pool in the order victims are taken for a job reading ``dataset``: least work lost (in
-        steps), then most devices on the nodes holding the data, then job id."""
-        if dataset not in by_data:
-            on_data: dict[int, int] = defaultdict(int)  # devices on the data's nodes, of the jobs with any
-            for n in data_nodes.get(dataset, ()) if dataset is not None else ():
-                for r, d in on_node.get(n, ()):
-                    on_data[r.id] += d
-            by_data[dataset] = sorted(pool, key=lambda r: (loss_key[r.id], -on_data.get(r.id, 0), r.id))
-        return by_data[dataset]
-
-    by_user: dict[str | None, dict[str, list[tuple[int, RunningView]]]] = {}
-
-    def victims_of(dataset: str | None, users: list[str]) -> Iterator[RunningView]:
-        """``victims_order(dataset)`` restricted to ``users``' jobs (merged from per-user lists)."""
-        if dataset not in by_user:
-            split: dict[str, list[tuple[int, RunningView]]] = defaultdict(list)
-            for i, r in enumerate(victims_order(dataset)):
-                split[r.user].append((i, r))
-            by_user[dataset] = split
-        lists = by_user[dataset]
-        return (r for _, r in heapq.merge(*(lists.get(u, []) for u in users)))
-
     size = {r.id: devices(r) for r in pool}
     left_in_pool = Counter(r.user for r in pool)  # each user's jobs in the pool not taken yet
     smallest: dict[str, int] = {}  # each user's smallest job in the pool, in devices
@@ -381,7 +381,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             (by_share and factors.get(u, 1.0) < 0.5)
             or (by_part and held[u] - smallest[u] >= parts.get(u, 0.0) - EPS))]
         counts[NOT_OVER] = sum(n for u, n in left_in_pool.items() if u != job.user and u not in may_lose)
-        candidates = (r for r in victims_of(job.dataset, may_lose) if r.id not in taken)
+        candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
         chosen: list[RunningView] = []
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
