@@ -24,7 +24,8 @@ def test_quick_bench_prints_one_line_per_figure_and_writes_results(tmp_path: Pat
     quality = [f for f in figures if f.startswith("[quality]")]
     latency = [f for f in cycle if "median" in f and "stage1" in f and "stage2" in f]
     ratio = [f for f in cycle if "decide / stage 1" in f and "ratio " in f]
-    assert len(latency) == 2 and len(ratio) == 2 and len(cycle) == 4
+    plan = [f for f in cycle if "preemption plan" in f and "plan / twostage decide" in f and f.endswith("n/a")]
+    assert len(latency) == 2 and len(ratio) == 2 and len(plan) == 2 and len(cycle) == 6
     if (TRACES / "philly_500.csv").is_file() and (TRACES / "itp_500.csv").is_file():
         # one line per metric (mean JCT, p95 JCT, Jain, local reads, bytes, max queueing) over 4 cells, for
         # the default and again for twostage+preempt (reported, no target)
