@@ -84,11 +84,6 @@ def victim_reason(preemptor: int) -> str:
     return f"preempted for job {preemptor}"
 
 
-def fits(job: JobView, free: Mapping[str, int]) -> bool:
-    """Whether ``job``'s ranks fit in ``free`` devices per node (each rank on one node)."""
-    return _Free(free).fits(job)
-
-
 class _Free:
     """Free devices per node, with the rank slots of each width (devices per rank) counted once and
     kept up to date, and the nodes by most free devices (a heap, entries dropped once stale): the plan
@@ -293,16 +288,24 @@ def _count_words(counts: Mapping[str, int]) -> str:
     return "; ".join(f"{why}: {n}" for why, n in counts.items() if n > 0)
 
 
-def snapshot_parts(snap: Snapshot, held: Mapping[str, int] | None = None) -> dict[str, float]:
-    """Each user's fair part of the snapshot's devices now (:func:`scheduler.core.accounts.fair_parts`
-    over the account tree), from what each asks for: the devices their active jobs hold (``held``, as
-    :func:`held_devices` gives it; computed when None) plus those of their pending jobs."""
+def snapshot_demand(snap: Snapshot, held: Mapping[str, int] | None = None) -> dict[str, float]:
+    """What each user asks for now: the devices their active jobs hold (``held``, as :func:`held_devices`
+    gives it; computed when None) plus those of their pending jobs."""
     demand: dict[str, float] = defaultdict(float)
     for u, d in (held_devices(snap) if held is None else held).items():
         demand[u] += d
     for j in snap.pending:
         demand[j.user] += j.devices
-    return fair_parts(snap.accounts, snap.user_account, snap.shares, demand,
+    return demand
+
+
+def snapshot_parts(snap: Snapshot, held: Mapping[str, int] | None = None,
+                   demand: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each user's fair part of the snapshot's devices now (:func:`scheduler.core.accounts.fair_parts`
+    over the account tree), from what each asks for (``demand``, as :func:`snapshot_demand` gives it
+    from ``held``; computed when None)."""
+    return fair_parts(snap.accounts, snap.user_account, snap.shares,
+                      snapshot_demand(snap, held) if demand is None else demand,
                       float(sum(n.devices for n in snap.nodes.values())))
 
 
@@ -337,6 +340,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     size = {r.id: devices(r) for r in pool}
     left_in_pool = Counter(r.user for r in pool)  # each user's jobs in the pool not taken yet
     smallest: dict[str, int] = {}  # each user's smallest job in the pool, in devices
+    over_share = {u for u, f in factors.items() if f < 0.5}  # users a job under its share may take from
     for r in pool:
         smallest[r.user] = min(size[r.id], smallest.get(r.user, size[r.id]))
     # Jobs of one user and shape that found no victims, and why: the same answer for the next such job
@@ -378,7 +382,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         # they hold only falls as victims are chosen).  The others' jobs are never taken: they are
         # counted for explain without being looked at one by one.
         may_lose = [u for u in left_in_pool if u != job.user and (
-            (by_share and factors.get(u, 1.0) < 0.5)
+            (by_share and u in over_share)
             or (by_part and held[u] - smallest[u] >= parts.get(u, 0.0) - EPS))]
         counts[NOT_OVER] = sum(n for u, n in left_in_pool.items() if u != job.user and u not in may_lose)
         candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
@@ -394,7 +398,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             d = size[r.id]
             above_part = by_part and left[r.user] - d >= parts.get(r.user, 0.0) - EPS
             if not above_part:
-                if not (by_share and factors.get(r.user, 1.0) < 0.5):
+                if not (by_share and r.user in over_share):
                     counts[NOT_OVER] += 1
                     continue
                 alone = fair_alone.get((r.user, d))
@@ -436,12 +440,12 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         free.take(job)
         held[job.user] += job.devices
         for r in chosen:
-            held[r.user] -= devices(r)
+            held[r.user] -= size[r.id]
         taken.update(r.id for r in chosen)
         left_in_pool.subtract(r.user for r in chosen)
         failed.clear()
         refused_shapes.clear()
-        lost = sum(lost_work_s(r, snap.now_s) * devices(r) for r in chosen)
+        lost = sum(lost_work_s(r, snap.now_s) * size[r.id] for r in chosen)
         who = ", ".join(f"job {r.id} ({r.user}, loses {lost_work_s(r, snap.now_s):.0f} s)" for r in chosen)
         out.append(Preemption(job.id, tuple(r.id for r in chosen), lost,
                               f"{job.user} is {' and '.join(whys)} and waited "

@@ -9,12 +9,13 @@ Every change is recorded in the audit log (``account.add``, ``user.account``).
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from policies.preemption import held_devices, snapshot_parts
+from policies.preemption import held_devices, snapshot_demand, snapshot_parts
 from scheduler.core.accounts import ROOT, AccountView, account_sums, share_tree, would_cycle
 from scheduler.core.errors import Conflict, NotFound, Unprocessable
 from scheduler.core.fairshare import decay
@@ -110,7 +111,7 @@ def share_tree_rows(s: Session, now: float, policy: PolicyConfig, devices: bool 
     usage = {u: x for u, x in decayed_usage(s, now, policy.usage_half_life_s).items()}
     views, user_account = account_views(s), user_accounts(s)
     rows = share_tree(views, user_account, usage, users, users)
-    extra = device_columns(s, now, views, user_account, disk_floor_bytes) if devices else None
+    by_user, by_account = device_columns(s, now, views, user_account, disk_floor_bytes) if devices else ({}, {})
     out = []
     for r in rows:
         row: dict[str, Any] = {
@@ -118,10 +119,9 @@ def share_tree_rows(s: Session, now: float, policy: PolicyConfig, devices: bool 
             "norm_shares": round(r.norm_shares, 6), "raw_usage": round(r.raw_usage, 3),
             "norm_usage": round(r.norm_usage, 6), "effective_usage": round(r.effective_usage, 6),
             "factor": round(r.factor, 6)}
-        if extra is not None:
-            key = r.user if r.user is not None else r.account
-            for col, values in extra.items():
-                row[col] = round(values[0 if r.user is not None else 1].get(key, 0.0), 3)
+        if devices:
+            values = by_user[r.user] if r.user is not None else by_account[r.account]
+            row.update({col: round(values.get(col, 0.0), 3) for col in DEVICE_COLUMNS})
         out.append(row)
     return out
 
@@ -130,19 +130,23 @@ DEVICE_COLUMNS = ("held_devices", "asked_devices", "fair_part")
 
 
 def device_columns(s: Session, now: float, views: dict[str, AccountView], user_account: dict[str, str],
-                   disk_floor_bytes: int = 0) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
-    """Per column of :data:`DEVICE_COLUMNS`, (by user, by account): the devices held by active running
-    jobs, those plus the devices of pending jobs the cycle would schedule (what a user asks for now),
-    and the fair part of the devices now (``policies.preemption.snapshot_parts``: the weighted max-min
-    split of the devices the cycle may place on among those who ask, level by level of the tree; KAI's
-    fair share).  An account's figure is the sum over the users of its subtree."""
+                   disk_floor_bytes: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """The columns of :data:`DEVICE_COLUMNS` by user and by account (a user or account absent: all 0):
+    the devices held by active running jobs, those plus the devices of pending jobs the cycle would
+    schedule (what a user asks for now), and the fair part of the devices now
+    (``policies.preemption.snapshot_parts``: the weighted max-min split of the devices the cycle may
+    place on among those who ask, level by level of the tree; KAI's fair share).  An account's figure
+    is the sum over the users of its subtree."""
     snap = build_snapshot(s, now, disk_floor_bytes=disk_floor_bytes, preemption=False)
     held = held_devices(snap)
-    asked: dict[str, float] = {u: float(d) for u, d in held.items()}
-    for j in snap.pending:
-        asked[j.user] = asked.get(j.user, 0.0) + j.devices
-    parts = snapshot_parts(snap, held)
-    out = {}
-    for col, by_user in zip(DEVICE_COLUMNS, ({u: float(d) for u, d in held.items()}, asked, parts), strict=True):
-        out[col] = (by_user, account_sums(views, user_account, by_user))
-    return out
+    asked = snapshot_demand(snap, held)
+    columns = dict(zip(DEVICE_COLUMNS, ({u: float(d) for u, d in held.items()}, asked,
+                                        snapshot_parts(snap, held, asked)), strict=True))
+    by_user: dict[str, dict[str, float]] = defaultdict(dict)
+    by_account: dict[str, dict[str, float]] = defaultdict(dict)
+    for col, values in columns.items():
+        for u, v in values.items():
+            by_user[u][col] = v
+        for a, v in account_sums(views, user_account, values).items():
+            by_account[a][col] = v
+    return by_user, by_account
