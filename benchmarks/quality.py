@@ -93,10 +93,12 @@ class Cell:
     seed: int
     cache_gb: float
     limit: int | None = None
+    estimates: str = "exact"  # the jobs' time limits (scheduler.sim.simulator.ESTIMATES)
 
     @property
     def name(self) -> str:
-        return f"{self.slice.removesuffix('.csv')} load {self.load} seed {self.seed} cache {self.cache_gb:.0f} GB"
+        name = f"{self.slice.removesuffix('.csv')} load {self.load} seed {self.seed} cache {self.cache_gb:.0f} GB"
+        return name if self.estimates == "exact" else f"{name} {self.estimates}' limits"
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def run_one(job: tuple[Cell, str, PolicyConfig]) -> tuple[Cell, str, Metrics]:
     trace = load_trace(TRACES / cell.slice, cell.limit)
     cluster = cluster_for(trace, cell.load)
     t0 = time.perf_counter()
-    r: SimResult = simulate(trace, arbiter, cluster, data_for(cell), seed=cell.seed, cfg=cfg)
+    r: SimResult = simulate(trace, arbiter, cluster, data_for(cell), seed=cell.seed, cfg=cfg, estimates=cell.estimates)
     return cell, policy, Metrics(r.mean_jct_s, r.p50_jct_s, r.p95_jct_s, r.p50_queue_s, r.p99_queue_s,
                                  r.max_queue_s, r.jain, r.local_fraction, r.bytes_moved, r.makespan_s,
                                  r.utilization, cluster.nodes, r.clipped, r.unfinished,

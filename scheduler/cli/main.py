@@ -388,6 +388,8 @@ def _simulate(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--plot", default=None, help="also draw the results to this PNG")
     p.add_argument("--failures", default=None, help="node failures to inject (see scheduler/sim/simulator.py)")
     p.add_argument("--cycle-s", type=float, default=10.0, help="simulated seconds between scheduling cycles")
+    p.add_argument("--estimates", choices=("exact", "users"), default="exact",
+                   help="jobs' time limits: their true run times (default) or over-estimates rounded as users write them")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of the trace")
     p.add_argument("--config", default=None, help="a server config file (gsched.toml): its [policy] and [network] "
                    "knobs, e.g. preempt = true, replace the defaults")

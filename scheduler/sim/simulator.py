@@ -16,8 +16,14 @@ The model (every assumption is ours; the traces carry no data or model informati
 - **Jobs**: a trace row ``job_id,submit_time_s,user,num_gpus,duration_s`` (extra columns ignored)
   becomes a job of ``num_gpus`` ranks of one device each (at least 1).  A job wider than the whole
   cluster is **clipped** to the cluster's device count (its duration kept); clipped jobs are counted
-  and reported.  Time limits equal true run times (perfect estimates), which is what the reservation
-  and backfill of ``twostage`` read.
+  and reported.  **Time limits** (``--estimates``): ``exact`` (the default) gives each job its true
+  remaining run time (perfect estimates); ``users`` gives it what users write in a job script: its run
+  time times a factor drawn log-uniformly from 1 to 8 (seeded by ``--seed``, the same for every
+  policy), rounded up to the next of the usual values (:data:`USUAL_LIMITS_S`: 15 and 30 minutes; 1,
+  2, 4, 8 and 12 hours; 1, 2, 3, 5, 7, 14 and 30 days; whole days beyond), kept for every run of the
+  job (a restart declares the same limit).  What the arbiters read of them: the reservation and
+  backfill (when running jobs end, ``RunningView.end_by_s`` = last start + limit with ``users``), and
+  ``[policy] shortest_first`` (each user's jobs by devices x limit).
 - **Data** (``--data datasets=40,shards=16,shard_mb=512,zipf=1.1,replicas=3,vary=0,cache_gb=0``):
   ``datasets`` data sets ``d000``... of ``shards`` shards of ``shard_mb`` MB (times a per-data-set
   factor drawn uniformly from ``[1-vary, 1+vary]``).  Their ``replicas`` copies are placed by
@@ -275,6 +281,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+ESTIMATES = ("exact", "users")  # --estimates: the jobs' time limits (the module doc)
+# The time limits users write, in seconds: 15 and 30 minutes, 1-12 hours, 1-30 days
+USUAL_LIMITS_S = (900, 1800, 3600, 7200, 14400, 28800, 43200, 86400, 2 * 86400, 3 * 86400, 5 * 86400,
+                  7 * 86400, 14 * 86400, 30 * 86400)
+
+
+def user_limit(run_s: float, factor: float) -> float:
+    """The time limit a user writes for a job that runs ``run_s``: ``run_s * factor`` rounded up to the
+    next of :data:`USUAL_LIMITS_S`, or to whole days beyond the last."""
+    want = run_s * factor
+    i = bisect.bisect_left(USUAL_LIMITS_S, want)
+    if i < len(USUAL_LIMITS_S):
+        return float(USUAL_LIMITS_S[i])
+    return math.ceil(want / 86400) * 86400.0
+
+
 def jain_index(xs: Sequence[float]) -> float:
     """Jain's fairness index ``(sum x)^2 / (n sum x^2)``; 1.0 for no or all-zero values."""
     sq = sum(x * x for x in xs)
@@ -328,6 +350,7 @@ class _Job:
     queue_s: float = 0.0
     first_start_s: float | None = None
     age_since_s: float | None = None  # when it first became pending: a preempted job keeps its age
+    limit_s: float | None = None  # the time limit it declares (``--estimates users``); None: exact
     preempted_at: list[float] = field(default_factory=list)
 
 
@@ -339,9 +362,13 @@ class Simulation:
 
     def __init__(self, trace: Sequence[TraceJob], cfg: PolicyConfig, cluster: ClusterSpec, data: DataSpec,
                  failures: FailureSpec | None = None, seed: int = 0, cycle_s: float = 10.0,
-                 shares: Mapping[str, float] | None = None, epoch_s: float = 600.0) -> None:
+                 shares: Mapping[str, float] | None = None, epoch_s: float = 600.0,
+                 estimates: str = "exact") -> None:
         if cycle_s <= 0:
             raise BadRequest("--cycle-s must be positive")
+        if estimates not in ESTIMATES:
+            raise BadRequest(f"--estimates: {estimates!r} is not one of {', '.join(ESTIMATES)}")
+        self.estimates = estimates
         self.cfg, self.data, self.cycle_s = cfg, data, cycle_s
         self.failures = failures or FailureSpec()
         self.seed = seed
@@ -389,6 +416,15 @@ class Simulation:
 
     # ---------------------------------------------------------- setup
 
+    def _limit_of(self, job: _Job) -> float:
+        """The time limit ``job`` declares now: its declared one, or (exact estimates) what is left to run."""
+        return job.remaining_s if job.limit_s is None else job.limit_s
+
+    def _end_by(self, j: _Job, now: float) -> float:
+        """When the arbiter expects running job ``j`` to end: its true end with exact estimates, else its
+        last start plus its time limit (not before ``now``)."""
+        return max(now, j.end_s if j.limit_s is None else j.bound_s + j.limit_s)
+
     def _build_data(self, layout: list[tuple[str, str]]) -> None:
         d = self.data
         rng = random.Random(f"{self.seed}:datasets")
@@ -429,6 +465,10 @@ class Simulation:
                 self.clipped += 1
             submit = t.submit_s - self.t0
             self.jobs[i] = _Job(i, t.key, t.user, devices, ds, submit, t.duration_s, submit)
+        if self.estimates == "users":
+            est = random.Random(f"{self.seed}:estimates")
+            for job in self.jobs.values():
+                job.limit_s = user_limit(job.remaining_s, 2.0 ** est.uniform(0.0, 3.0))
 
     # ---------------------------------------------------------- events and accounting
 
@@ -476,7 +516,7 @@ class Simulation:
             job.age_since_s = t
         job.view = JobView(id=job.id, user=job.user, ranks=job.devices, devices_per_rank=1, dataset=job.dataset,
                            submit_s=job.submit_s, pending_since_s=job.age_since_s if keep_age else t,
-                           time_limit_s=job.remaining_s)
+                           time_limit_s=self._limit_of(job))
         self.pending[job.id] = job
         self.pend_dev[job.user] += job.devices
         self.widths[job.user][job.devices] += 1
@@ -502,7 +542,7 @@ class Simulation:
         if self.cfg.preempt:
             running = tuple(self._preemption_view(j, now) for j in (self.running[i] for i in sorted(self.running)))
         else:
-            running = tuple(RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s))
+            running = tuple(RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), self._end_by(j, now))
                             for j in (self.running[i] for i in sorted(self.running)))
         return Snapshot(now_s=now, nodes=nodes, shards=self.shards, replicas=self.replica_view(),
                         pending=pending, running=running, usage=dict(self.usage), shares=self.shares)
@@ -518,7 +558,7 @@ class Simulation:
         """A running job with what preemption reads: its last start (its run, after staging), its last
         checkpoint (one per ``epoch_s`` of running), and how often it was preempted in the last hour."""
         kept = self._checkpointed_s(j, now)
-        return RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), max(now, j.end_s), started_s=j.bound_s,
+        return RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), self._end_by(j, now), started_s=j.bound_s,
                            checkpoint_s=j.run_start_s + kept if kept > 0 else None,
                            preemptions_last_hour=sum(1 for p in j.preempted_at if now - p < 3600.0))
 
@@ -792,11 +832,13 @@ class Simulation:
 
 def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None = None,
              data: DataSpec | None = None, failures: FailureSpec | None = None, seed: int = 0,
-             cycle_s: float = 10.0, cfg: PolicyConfig | None = None, epoch_s: float = 600.0) -> SimResult:
+             cycle_s: float = 10.0, cfg: PolicyConfig | None = None, epoch_s: float = 600.0,
+             estimates: str = "exact") -> SimResult:
     """Replay ``trace`` with the arbiter ``policy`` (a registry name) and return its metrics.
 
     ``cfg`` gives the other policy knobs (its ``arbiter`` is replaced by ``policy``); with ``cfg.preempt``
-    jobs checkpoint every ``epoch_s`` seconds of running and a preempted one loses the work since.  Pure apart from
+    jobs checkpoint every ``epoch_s`` seconds of running and a preempted one loses the work since.
+    ``estimates``: the jobs' time limits, ``exact`` or ``users`` (the module doc).  Pure apart from
     CPU time: the same arguments give the same result.
     """
     try:
@@ -805,7 +847,7 @@ def simulate(trace: Sequence[TraceJob], policy: str, cluster: ClusterSpec | None
         raise BadRequest(f"--policy: {e}") from None
     base = cfg or PolicyConfig()
     sim = Simulation(trace, replace(base, arbiter=policy), cluster or ClusterSpec(), data or DataSpec(),
-                     failures, seed, cycle_s, epoch_s=epoch_s)
+                     failures, seed, cycle_s, epoch_s=epoch_s, estimates=estimates)
     return sim.run(policy)
 
 
@@ -900,7 +942,9 @@ def main(args: argparse.Namespace) -> int:
         raise BadRequest("--policy: name at least one policy, e.g. --policy twostage,fairshare")
     cycle_s = float(getattr(args, "cycle_s", 10.0) or 10.0)
     cfg = getattr(args, "policy_cfg", None)  # gsched simulate --config: the server's [policy] knobs
-    results = [simulate(trace, p, cluster, data, failures, args.seed, cycle_s, cfg=cfg) for p in policies]
+    estimates = getattr(args, "estimates", None) or "exact"
+    results = [simulate(trace, p, cluster, data, failures, args.seed, cycle_s, cfg=cfg, estimates=estimates)
+               for p in policies]
     if args.plot:
         plot(results, args.plot)
     if args.json:

@@ -328,3 +328,44 @@ def test_simulate_reads_the_servers_policy_knobs_from_config(tmp_path: Path,
     assert cli.main([*args, "--config", str(toml)]) == 2
     err = capsys.readouterr().err
     assert "--config" in err and "policy.locality_wait" in err and "unknown key" in err
+
+
+def test_time_limits_as_users_write_them_are_rounded_over_estimates() -> None:
+    # run time x factor, rounded up to the next usual limit; whole days past 30 days
+    assert simmod.user_limit(1000, 1.0) == 1800  # 16.7 min -> 30 min
+    assert simmod.user_limit(600, 1.5) == 900  # 15 min exactly
+    assert simmod.user_limit(3 * 3600, 2.0) == 8 * 3600  # 6 h -> 8 h
+    assert simmod.user_limit(20 * 3600, 1.3) == 2 * 86400  # 26 h -> 2 days
+    assert simmod.user_limit(40 * 86400 + 1, 1.0) == 41 * 86400
+
+
+def test_estimates_users_give_each_job_a_seeded_limit_at_least_its_run_time(tmp_path: Path) -> None:
+    rows = [(f"j{i}", 10 * i, "u1" if i % 2 else "u2", 1 + i % 3, 50 + 997 * i) for i in range(40)]
+    trace = simmod.load_trace(write_trace(tmp_path / "t.csv", rows), None)
+    cluster, data = ClusterSpec(2, 4, 1), DataSpec(none=True)
+    exact = Simulation(trace, PolicyConfig(), cluster, data)
+    users = Simulation(trace, PolicyConfig(), cluster, data, seed=3, estimates="users")
+    again = Simulation(trace, PolicyConfig(arbiter="backfill"), cluster, data, seed=3, estimates="users")
+    other = Simulation(trace, PolicyConfig(), cluster, data, seed=4, estimates="users")
+    assert all(j.limit_s is None for j in exact.jobs.values())
+    limits = {i: j.limit_s for i, j in users.jobs.items()}
+    for i, j in users.jobs.items():
+        assert limits[i] is not None and limits[i] >= j.remaining_s  # over-estimates, never under
+        assert limits[i] in simmod.USUAL_LIMITS_S or limits[i] % 86400 == 0
+        assert limits[i] <= simmod.user_limit(j.remaining_s, 8.0)
+    assert {i: j.limit_s for i, j in again.jobs.items()} == limits  # the same for every policy
+    assert {i: j.limit_s for i, j in other.jobs.items()} != limits  # drawn from the seed
+    # what the arbiters read: the declared limit while pending; the true remaining time with exact ones
+    job = users.jobs[5]
+    users._make_pending(job, 0.0)
+    exact._make_pending(exact.jobs[5], 0.0)
+    assert job.view is not None and job.view.time_limit_s == limits[5]
+    assert exact.jobs[5].view is not None and exact.jobs[5].view.time_limit_s == exact.jobs[5].remaining_s
+    # and, running, an end at its last start plus that limit
+    job.bound_s, job.end_s = 100.0, 100.0 + job.remaining_s
+    assert users._end_by(job, 200.0) == 100.0 + limits[5]
+    with pytest.raises(simmod.BadRequest, match="--estimates"):
+        Simulation(trace, PolicyConfig(), cluster, data, estimates="guess")
+    # and the whole replay runs with them
+    r = simulate(trace, "backfill", cluster, data, seed=3, estimates="users")
+    assert r.unfinished == 0 and len(r.schedule) == len(rows)
