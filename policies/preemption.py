@@ -319,7 +319,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     held = held_devices(snap)
     parts = snapshot_parts(snap, held)
     running_by_user = Counter(r.user for r in snap.running)
-    ordered, _, _ = queue_order(snap, cfg)
+    ordered, _, _ = queue_order(snap, cfg, shortest=cfg.shortest_first)
     start = {n: v.free for n, v in snap.nodes.items()}
     for r in snap.running:  # devices of stopping jobs (earlier victims among them) are free once they exit
         if r.stopping:

@@ -175,7 +175,7 @@ class TwoStageArbiter:
         index: Stage1Index | None = None,
     ) -> Decision:
         index = index if index is not None else build_index(snap)
-        ordered, prios, factors = queue_order(snap, cfg)
+        ordered, prios, factors = queue_order(snap, cfg, shortest=cfg.shortest_first)
         ordered = break_ties_by_cost(ordered, prios, candidates, cfg)
         ordered = starving_first(ordered, snap.now_s, cfg)
         d = Decision(order=[j.id for j in ordered], factors=factors, priorities=prios)

@@ -54,6 +54,7 @@ class PolicyTable(_Table):
     reserve_min_wait_s: Seconds | None = None
     max_wait_s: Seconds | None = None
     cost_weight: float | None = Field(None, ge=0)
+    shortest_first: bool | None = None
     preempt: bool | None = None
     preempt_after_s: Seconds | None = None
     min_runtime_s: Seconds | None = None

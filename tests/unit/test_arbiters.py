@@ -18,7 +18,9 @@ from tests.builders import cluster, job
 NO_WAIT = PolicyConfig(locality_wait_s=0)
 # The reservation mechanics at once: a blocked job reserves however short its wait (the default
 # waits reserve_min_wait_s, 8 days, and bounds starvation with max_wait_s; tested at the end).
-RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0)
+# The reservation's tests keep one user's jobs in age order (shortest_first off): the rule under test
+# is the reservation, and their hand-worked orders are by age.
+RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0, shortest_first=False)
 
 
 def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
@@ -495,7 +497,7 @@ def test_backfill_baseline_reserves_for_the_top_job_and_backfills_data_blind() -
 
 def test_reservation_waits_until_the_job_has_been_pending_reserve_min_wait_s() -> None:
     # big_gang_snapshot: job 1 (8 devices) fits nowhere until job 9 ends at t=1000.
-    cfg = PolicyConfig(reserve_min_wait_s=600)
+    cfg = PolicyConfig(reserve_min_wait_s=600, shortest_first=False)
     # t=2: job 1 has waited 2 s < 600: no reservation, so job 2 (an hour) takes n2 and job 3 waits.
     _, d = decided(big_gang_snapshot(2, n1_free=0), cfg)
     assert d.reservation is None
@@ -567,3 +569,61 @@ def test_by_default_the_starvation_bound_and_the_reservation_wait_eight_days() -
     assert d.order == [1, 2, 3]
     assert d.reservation == (1, {"a": 4, "b": 4}, later + 4300)
     assert bound_nodes(d) == {2: {"b": 1}}
+
+
+# ---------------------------------------------------------------- each user's own jobs shortest first
+
+AGE = 100 / 604800  # priority points per second of age at the default weights (age_weight / age_max_s)
+
+
+def test_each_users_jobs_take_that_users_places_shortest_first() -> None:
+    # alice and bob both have factor 1.0 (no usage), so the order is by age at t=10000:
+    #   a1 alice 4 ranks x 1 day (345600 device-s), pending since 0     prio 1000 + 10000 * AGE
+    #   b1 bob   1 rank  x 600 s                    pending since 2000  prio 1000 +  8000 * AGE
+    #   a2 alice 1 rank  x 1 hour (3600)            pending since 5000  prio 1000 +  5000 * AGE
+    #   a3 alice 2 ranks x 600 s (1200)             pending since 9000  prio 1000 +  1000 * AGE
+    # alice holds places 1, 3 and 4; filled smallest first: a3 (1200), a2 (3600), a1 (345600).  Bob
+    # keeps place 2, and each job takes the priority of its place.
+    from scheduler.core.fairshare import queue_order
+    snap = (cluster().node("n1", free=0)
+            .pending(job(1, ranks=4, submit_s=0, time_limit_s=86400),
+                     job(2, user="bob", submit_s=2000, time_limit_s=600),
+                     job(3, submit_s=5000, time_limit_s=3600),
+                     job(4, ranks=2, submit_s=9000, time_limit_s=600))
+            .at(10000).build())
+    cfg = PolicyConfig()
+    by_age, prios, _ = queue_order(snap, cfg)
+    assert [j.id for j in by_age] == [1, 2, 3, 4]
+    shortest, given, _ = queue_order(snap, cfg, shortest=True)
+    assert [j.id for j in shortest] == [4, 2, 3, 1]
+    assert given == pytest.approx({4: 1000 + 10000 * AGE, 2: 1000 + 8000 * AGE, 3: 1000 + 5000 * AGE,
+                                   1: 1000 + 1000 * AGE})
+    assert prios == pytest.approx({1: 1000 + 10000 * AGE, 2: 1000 + 8000 * AGE, 3: 1000 + 5000 * AGE,
+                                   4: 1000 + 1000 * AGE})
+    # twostage orders so by default (no device is free: nothing binds, the order is all there is)
+    _, d = decided(snap, replace(cfg, tie_window_s=0, tie_fairshare=0))
+    assert d.order == [4, 2, 3, 1]
+    assert d.priorities == pytest.approx(given)
+    _, d = decided(snap, replace(cfg, tie_window_s=0, tie_fairshare=0, shortest_first=False))
+    assert d.order == [1, 2, 3, 4]
+
+
+def test_shortest_first_binds_a_users_short_job_before_their_long_one_and_keeps_the_starvation_bound() -> None:
+    # One node with 2 free devices; alice's 2-rank week-long job has waited since t=0, her 2-rank
+    # 10-minute job since t=100.  At t=200 twostage gives the node to the short one (same user: nobody
+    # else loses a place); by age, or with the fairshare baseline, the long one takes it.
+    def snap(now: float) -> Snapshot:
+        return (cluster().node("n1", devices=2)
+                .pending(job(1, ranks=2, submit_s=0, time_limit_s=7 * 86400),
+                         job(2, ranks=2, submit_s=100, time_limit_s=600))
+                .at(now).build())
+    cfg = PolicyConfig(locality_wait_s=0)
+    _, d = decided(snap(200), cfg)
+    assert bound_nodes(d) == {2: {"n1": 2}}
+    _, d = decided(snap(200), replace(cfg, shortest_first=False))
+    assert bound_nodes(d) == {1: {"n1": 2}}
+    _, d = decided(snap(200), replace(cfg, arbiter="fairshare"))
+    assert bound_nodes(d) == {1: {"n1": 2}}
+    # Once the long job has waited max_wait_s it goes first whatever its size.
+    _, d = decided(snap(200), replace(cfg, max_wait_s=200))
+    assert d.order[0] == 1 and bound_nodes(d) == {1: {"n1": 2}}
