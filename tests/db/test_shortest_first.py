@@ -1,0 +1,67 @@
+"""Each user's own jobs shortest first (``[policy] shortest_first``) through the server's cycle, on
+SQLite and PostgreSQL alike: the time limit of job.toml (``limits.time``) reaches the arbiter, the
+short job of a user takes the devices before the same user's older long one, the stored priorities
+follow the order, and lowering a pending job's limit (``gsched update ID --time``) moves it ahead of
+its owner's others (as ``gsched update ID --time 30m`` does)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.core.clock import FakeClock
+from scheduler.core.policy_config import PolicyConfig
+from scheduler.server import jobcontrol
+from scheduler.server import service as svc
+from scheduler.server.config import Settings
+from scheduler.server.cycle import run_cycle
+from scheduler.store.db import Database
+from scheduler.store.models import Job
+from tests.db.test_store import ALICE, SPEC, setup_cluster
+
+
+def settings(**policy) -> Settings:  # type: ignore[no-untyped-def]
+    return Settings(heartbeat_ttl_s=1e9, policy=replace(PolicyConfig(locality_wait_s=0), **policy))
+
+
+def _submit(db: Database, clock: FakeClock, limit: str) -> int:
+    with db.session() as s:
+        job_id, _ = svc.submit_job(s, clock.advance(1), ALICE, {**SPEC, "limits": {"time": limit}}, None)
+    return job_id
+
+
+def test_by_age_a_users_older_long_job_starts_first(db: Database) -> None:
+    # Two nodes of one device; each job has 2 ranks, so one job fills the cluster.
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    long_job = _submit(db, clock, "2d")
+    _submit(db, clock, "10m")
+    # By age the long one goes first (its priority is higher: it has waited a second longer).
+    assert run_cycle(db, settings(shortest_first=False), clock.advance(1)).bound == [long_job]
+
+
+def test_by_default_the_short_job_goes_first_and_takes_the_older_ones_priority(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    long_job = _submit(db, clock, "2d")
+    short_job = _submit(db, clock, "10m")
+    report = run_cycle(db, settings(), clock.advance(1))
+    assert report.bound == [short_job]
+    with db.read() as s:
+        waiting = s.get(Job, long_job)
+        assert waiting.state == "PENDING" and waiting.explain["queue_position"] == 2  # of 2, 1-based
+        # the places' priorities: the older job's (a second more of age) went to the short one
+        started = s.get(Job, short_job)
+        assert started.priority is not None and waiting.priority is not None
+        assert started.priority > waiting.priority
+
+
+def test_lowering_a_pending_jobs_time_limit_moves_it_ahead_of_its_owners_others(db: Database) -> None:
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    first = _submit(db, clock, "4h")
+    second = _submit(db, clock, "8h")
+    with db.session() as s:
+        jobcontrol.update_job(s, clock.now(), ALICE, second, None, 1800)
+    assert run_cycle(db, settings(), clock.advance(1)).bound == [second]
+    with db.read() as s:
+        assert s.get(Job, first).state == "PENDING"
