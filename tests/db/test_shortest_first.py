@@ -1,8 +1,8 @@
 """Each user's own jobs shortest first (``[policy] shortest_first``) through the server's cycle, on
 SQLite and PostgreSQL alike: the time limit of job.toml (``limits.time``) reaches the arbiter, the
 short job of a user takes the devices before the same user's older long one, the stored priorities
-follow the order, and lowering a pending job's limit (``gsched update ID --time``) moves it ahead of
-its owner's others (as ``gsched update ID --time 30m`` does)."""
+follow the order, and lowering a pending job's limit (``gsched update ID --time 30m``) moves it
+ahead of its owner's others."""
 
 from __future__ import annotations
 
