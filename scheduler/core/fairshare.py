@@ -16,7 +16,8 @@ Normalisation (as Slurm's classic fair-share, flat: one level of users, no accou
 
 Priority of a pending job = ``fairshare_weight * F(user) + age_weight * min(1, age / age_max_s)``
 with ``age = now_s - pending_since_s``.  Queue order: priority descending, then ``submit_s``
-ascending, then job id ascending (:func:`order_key`).
+ascending, then job id ascending (:func:`order_key`); for ``twostage`` (``[policy] shortest_first``)
+each user's jobs are then moved among that user's places, smallest first (:func:`shortest_first`).
 """
 
 from __future__ import annotations
