@@ -1,7 +1,8 @@
 """Phase 8 of the cycle, the report: every pending job's explanation and one cluster sample are stored
 (``write_report``); hourly, the cluster history is thinned (``thin_history``).
 
-An explanation is what ``gsched explain`` shows: the job's factor, priority and queue position, its
+An explanation is what ``gsched explain`` shows: the job's factor, priority and queue position (and
+how many of its user's own jobs are ahead of it, and how many are older: :func:`own_jobs_ahead`), its
 candidates with their costs and why each was or was not chosen, the reservation, and its reason; with
 preemption on, for a job that has waited ``preempt_after_s`` and preempts nobody, why not
 (``"preempts_nobody"``: ``policies.preemption.Plan.nobody``).
@@ -12,6 +13,8 @@ None where there is no reason, as for a bound job or its chosen candidate).  Rea
 
 from __future__ import annotations
 
+from collections import defaultdict
+from operator import attrgetter
 from typing import Any, cast
 
 from sqlalchemy import Integer, Table, bindparam, delete, func, select
@@ -21,7 +24,7 @@ from sqlalchemy.orm import Session
 from scheduler.core.lifecycle import ACTIVE, JobState
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.reasons import Reason, ReasonKind
-from scheduler.core.snapshot import Snapshot
+from scheduler.core.snapshot import JobView, Snapshot
 from scheduler.server.cyclestate import CycleMemory, CycleReport
 from scheduler.store.binder import busy_devices
 from scheduler.store.db import Database
@@ -51,6 +54,7 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
     in the same transaction, so the two always say the same.  ``memory.explained`` holds what each
     pending job's stored explanation says, and is replaced by this cycle's."""
     position = {job_id: i + 1 for i, job_id in enumerate(decision.order)}
+    own = own_jobs_ahead(decision.order, snap)
     reservation = _reservation(decision)
     last = memory.explained
     kept: dict[int, tuple[str, float]] = {}
@@ -75,7 +79,8 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
             reason = refusal or decision.reasons.get(jv.id, UNDECIDED)
         text = "" if reason is None else reason.text()
         nobody = report.preempts_nobody.get(jv.id) if bound is None else None
-        what = repr((reason, position.get(jv.id), cands, reservation, nobody))
+        ahead, older = own.get(jv.id, (0, 0))
+        what = repr((reason, position.get(jv.id), ahead, older, cands, reservation, nobody))
         prev = last.get(jv.id)
         if prev is not None and prev[0] == what and now - prev[1] < EXPLAIN_REFRESH_S:
             kept[jv.id] = prev
@@ -87,6 +92,7 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
                           "reason": text,
                           "explain": {"time": now, "factor": factor, "priority": priority,
                                       "queue_position": position.get(jv.id), "queue_length": len(decision.order),
+                                      "own_ahead": ahead, "own_older": older,
                                       "candidates": cands, "reason": text or "bound",
                                       "why": None if reason is None else reason.as_dict(),
                                       "reservation": reservation, "preempts_nobody": nobody}})
@@ -105,6 +111,30 @@ def write_report(db: Database, now: float, snap: Snapshot, candidates: dict[int,
     with db.session() as s:
         _sample(s, now, snap, report, leader)
     return len(explained)
+
+
+_AGE = attrgetter("pending_since_s", "submit_s", "id")
+
+
+def own_jobs_ahead(order: list[int], snap: Snapshot) -> dict[int, tuple[int, int]]:
+    """Per pending job in ``order``: how many of its user's pending jobs are ahead of it in the order,
+    and how many of its user's pending jobs are older (pending longer, then submitted earlier, then a
+    lower id).  More ahead than older: some of the user's newer jobs went first (each user's shorter
+    jobs first, ``[policy] shortest_first``, or a tie broken by transfer cost): ``gsched explain`` says
+    so."""
+    jobs = {jv.id: jv for jv in snap.pending}
+    mine: dict[str, list[JobView]] = defaultdict(list)
+    out: dict[int, tuple[int, int]] = {}
+    for job_id in order:
+        jv = jobs.get(job_id)
+        if jv is not None:
+            out[job_id] = (len(mine[jv.user]), 0)
+            mine[jv.user].append(jv)
+    for same in mine.values():
+        if len(same) > 1:
+            for older, jv in enumerate(sorted(same, key=_AGE)):
+                out[jv.id] = (out[jv.id][0], older)
+    return out
 
 
 def _sample(s: Session, now: float, snap: Snapshot, report: CycleReport, leader: str) -> None:

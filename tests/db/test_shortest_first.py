@@ -53,6 +53,8 @@ def test_by_default_the_short_job_goes_first_and_takes_the_older_ones_priority(d
         started = s.get(Job, short_job)
         assert started.priority is not None and waiting.priority is not None
         assert started.priority > waiting.priority
+        # explain: one of alice's jobs was ahead of it (the short one, newer), none older
+        assert (waiting.explain["own_ahead"], waiting.explain["own_older"]) == (1, 0)
 
 
 def test_lowering_a_pending_jobs_time_limit_moves_it_ahead_of_its_owners_others(db: Database) -> None:
@@ -65,3 +67,15 @@ def test_lowering_a_pending_jobs_time_limit_moves_it_ahead_of_its_owners_others(
     assert run_cycle(db, settings(), clock.advance(1)).bound == [second]
     with db.read() as s:
         assert s.get(Job, first).state == "PENDING"
+
+
+def test_own_jobs_ahead_counts_a_users_jobs_ahead_in_the_order_and_older() -> None:
+    from scheduler.server.report import own_jobs_ahead
+    from tests.builders import cluster, job
+    snap = (cluster().node("n1")
+            .pending(job(1, submit_s=0), job(2, user="bob", submit_s=1), job(3, submit_s=2), job(4, submit_s=3))
+            .build())
+    # alice's jobs 1, 3, 4 (oldest first); bob's 2.  Order 4, 2, 1, 3: job 4 went first of alice's.
+    assert own_jobs_ahead([4, 2, 1, 3], snap) == {4: (0, 2), 2: (0, 0), 1: (1, 0), 3: (2, 1)}
+    # in age order nobody has more of their own jobs ahead than older
+    assert all(a == o for a, o in own_jobs_ahead([1, 2, 3, 4], snap).values())

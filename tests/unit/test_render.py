@@ -296,6 +296,12 @@ def test_explain_prints_reason_and_candidates(utc: None) -> None:
     doc["stopping"] = [{"node": "n2", "rank": 1, "attempt": 1, "state": "KILLING"}]
     out = screen_of(lambda c: explain(doc, c), 200)
     assert "waits first for its last attempt's ranks to stop: rank 1 on n2 (KILLING)" in out
+    assert "own jobs" not in out  # nothing said of the user's own jobs unless newer ones went first
+    doc["own_ahead"], doc["own_older"] = 1, 1
+    assert "own jobs" not in screen_of(lambda c: explain(doc, c), 200)
+    doc["own_ahead"], doc["own_older"] = 3, 1
+    out = screen_of(lambda c: explain(doc, c), 200)
+    assert "3 of carol's own jobs are ahead of it, 1 of them older: a user's own jobs go smallest first" in out
 
 
 def screen_of(draw: Any, width: int) -> str:
