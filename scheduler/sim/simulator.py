@@ -953,6 +953,7 @@ def main(args: argparse.Namespace) -> int:
         r0 = results[0]
         caption = (f"{len(trace)} jobs from {args.trace}; {cluster.nodes} nodes x {cluster.devices_per_node} "
                    f"devices in {min(cluster.racks, cluster.nodes)} racks; data {'none' if data.none else data}; seed {args.seed}; "
+                   f"time limits {'exact' if estimates == 'exact' else 'as users write them'}; "
                    f"{r0.clipped} job(s) wider than the cluster clipped to {cluster.nodes * cluster.devices_per_node}")
         print_table(results, caption)
     if args.plot:
