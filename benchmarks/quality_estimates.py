@@ -18,12 +18,11 @@ It prints each cell's mean JCT, p95 JCT and Jain per row, then what ``shortest_f
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.quality import Cell, Metrics, _lower_priority, grid, run_one, save_cells
+from benchmarks.quality import Cell, Metrics, grid, run_grid, save_cells
 from scheduler.core.policy_config import PolicyConfig
 
 ROWS: tuple[tuple[str, str, PolicyConfig], ...] = (
@@ -50,16 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     todo = cells([t for t in args.cells.split("|") if t])
     if not todo:
         p.error(f"no contended cell matches {args.cells!r}")
-    jobs = [(c, policy, cfg) for c in todo for _, policy, cfg in ROWS]
-    labels = [label for _ in todo for label, _, _ in ROWS]
-    order = sorted(range(len(jobs)), key=lambda i: (-int(jobs[i][0].slice.split("_")[1].split(".")[0]), i))
     res: dict[tuple[Cell, str], Metrics] = {}
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(2, initializer=_lower_priority) as pool:
-        for i, (cell, _, m) in zip(order, pool.imap(run_one, [jobs[i] for i in order]), strict=True):
-            res[(cell, labels[i])] = m
-            print(f"  {cell.name}, {labels[i]}: mean JCT {m.mean_jct_s / 3600:.2f} h ({m.wall_s:.0f} s)",
+    for cfg in dict.fromkeys(cfg for _, _, cfg in ROWS):  # one run of the grid per set of knobs
+        rows = {policy: label for label, policy, c in ROWS if c == cfg}
+
+        def progress(cell: Cell, policy: str, m: Metrics, rows: dict[str, str] = rows) -> None:
+            print(f"  {cell.name}, {rows[policy]}: mean JCT {m.mean_jct_s / 3600:.2f} h ({m.wall_s:.0f} s)",
                   file=sys.stderr, flush=True)
+
+        for (cell, policy), m in run_grid(todo, tuple(rows), cfg, progress=progress).items():
+            res[(cell, rows[policy])] = m
     if args.out:
         save_cells(res, Path(args.out))
     print("cell | " + " | ".join(f"{label}: mean / p95 h, Jain" for label, _, _ in ROWS))

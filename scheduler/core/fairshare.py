@@ -200,7 +200,7 @@ _id = attrgetter("id")
 
 
 def _size(job: JobView) -> float:
-    return job.devices_per_rank * job.ranks * job.time_limit_s
+    return job.devices * job.time_limit_s
 
 
 def shortest_first(ordered: list[JobView], prios: Mapping[int, float]) -> tuple[list[JobView], dict[int, float]]:
