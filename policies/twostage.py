@@ -4,7 +4,7 @@ reservation with backfill so big gangs do not starve.
 For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_order`), ties broken by
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
 term adds in ``tie_window_s`` plus what ``tie_fairshare`` of the fair-share factor is worth, the ones
-that can read their data locally go first):
+that can read their data locally go first, smallest first, then the others cheapest first):
 
 0. **Starvation bound**: the job pending longest, once it has been pending ``max_wait_s``, is taken
    first (:func:`starving_first`), ahead of that order.
@@ -56,7 +56,7 @@ from policies.common import (
 )
 from policies.reservation import Reservation, plan_reservation
 from scheduler.core.decide import job_shape
-from scheduler.core.fairshare import queue_order
+from scheduler.core.fairshare import job_size, queue_order
 from scheduler.core.placement import Candidate, Decision
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.core.reasons import Reason
@@ -92,15 +92,21 @@ def break_ties_by_cost(
     candidates: Mapping[int, Sequence[Candidate]],
     cfg: PolicyConfig,
 ) -> list[JobView]:
-    """The queue order with ties broken by transfer cost: cheapest first among equal priorities.
+    """The queue order with ties broken by where jobs read and what they ask for.
 
     Jobs tie when their priorities differ by at most ``tol = age_weight * tie_window_s / age_max_s +
     fairshare_weight * tie_fairshare`` (what the age term adds in ``tie_window_s``, and what a
     difference of ``tie_fairshare`` in the fair-share factor is worth): the priority order is cut into groups, each starting
     at the first job not yet grouped and holding the jobs within ``tol`` below it.  Inside a group the
     jobs without any stage-1 candidate (nothing fits them now: a gang that may need the reservation)
-    go first, then the others by the cheapest transfer cost among their candidates; equal keys keep
-    the priority order.  So a job can only be passed by jobs at most ``tol`` below it: the same
+    go first; then, with ``tie_shortest_first``, the jobs with a candidate within
+    ``locality_threshold_ms`` (they read locally), smallest first by devices x time limit
+    (:func:`scheduler.core.fairshare.job_size`); then the others by the cheapest transfer cost among
+    their candidates.  Without ``tie_shortest_first`` every job with a candidate goes by that cost.
+    Equal keys keep the priority order.  Among jobs that each cost nothing to place, the smallest
+    first lowers the mean wait (the shortest-job-first rule, bounded here by the tie); a job that
+    must stage goes by cost, so the devices it takes are where it stages least.  So a job can only
+    be passed by jobs at most ``tol`` below it: the same
     user's jobs that became pending at most ``tie_window_s`` after it (and, with ``tie_fairshare``,
     older ones), or jobs of users whose fair-share factor is at most ``tol / fairshare_weight`` below.
     Jobs others were preempted for (``JobView.preempting``, first in the queue order) stay first and
@@ -116,9 +122,17 @@ def break_ties_by_cost(
     if tol <= 0 or len(ordered) < 2:
         return list(ordered)
 
-    def cost(job: JobView) -> float:
+    local_ms = cfg.locality_threshold_ms
+    smallest = cfg.tie_shortest_first
+
+    def key(job: JobView) -> tuple[int, float]:
         cs = candidates.get(job.id)
-        return min(map(_transfer_cost, cs)) if cs else -1
+        if not cs:
+            return (0, 0.0)  # fits nowhere now: keeps its place at the head of its group
+        cost = min(map(_transfer_cost, cs))
+        if smallest and cost <= local_ms:
+            return (1, job_size(job))
+        return (2, cost)
 
     out: list[JobView] = []
     prio = [prios[job.id] for job in ordered]
@@ -130,7 +144,7 @@ def break_ties_by_cost(
             j += 1
         if j - i > 1:
             group = list(ordered[i:j])
-            group.sort(key=cost)  # stable: priority order among equal costs
+            group.sort(key=key)  # stable: priority order among equal keys
             out.extend(group)
         else:
             out.append(ordered[i])

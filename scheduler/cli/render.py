@@ -309,7 +309,8 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
         ahead, older = doc.get("own_ahead") or 0, doc.get("own_older") or 0
         if ahead > older:  # some of the user's newer jobs went first
             c.print(f"{ahead} of {doc['user']}'s own jobs are ahead of it, {older} of them older: a user's "
-                    "own jobs go smallest first (devices x time limit), and near-ties to those that read locally")
+                    "own jobs go smallest first (devices x time limit), and near-ties to those that read locally, "
+                    "the smallest first")
     else:
         c.print(f"placed with {100 * (doc.get('local_fraction') or 0):.0f}% local reads, "
                 f"{human_bytes(doc.get('transfer_bytes'))} staged")

@@ -199,7 +199,9 @@ def queue_order(
 _id = attrgetter("id")
 
 
-def _size(job: JobView) -> float:
+def job_size(job: JobView) -> float:
+    """What a job asks for, to put the smaller first: device-seconds by its time limit (devices x
+    ``time_limit_s``)."""
     return job.devices * job.time_limit_s
 
 
@@ -217,6 +219,6 @@ def shortest_first(ordered: list[JobView], prios: Mapping[int, float]) -> tuple[
     for job in ordered:
         if not job.preempting:
             mine[job.user].append(job)
-    turn = {user: iter(sorted(jobs, key=_size)) for user, jobs in mine.items()}  # stable: equals keep order
+    turn = {user: iter(sorted(jobs, key=job_size)) for user, jobs in mine.items()}  # stable: equals keep order
     out = [job if job.preempting else next(turn[job.user]) for job in ordered]
     return out, dict(zip(map(_id, out), map(prios.__getitem__, map(_id, ordered)), strict=True))  # C loops: 50,000 jobs

@@ -40,6 +40,13 @@ class PolicyConfig:
     # within 2 % 16 -> 14; at 0.4 local 13 and bytes 12 but Jain 7 and mean JCT 13; with every job
     # tied (no bound) Jain in itp_500 at load 2.5 fell 0.877 -> 0.707.
     tie_fairshare: float = 0.2
+    # twostage: among tied jobs, those that can read locally go smallest first (devices x time limit,
+    # fairshare.job_size), then the others cheapest transfer first; False: every tied job by transfer
+    # cost (before 2026-12-07).  Over the quality grid (benchmarks/RESULTS.md, "Ties: local reads
+    # first, then the smallest"): mean JCT -2.8 % (geometric mean over the 50 cells, -5.1 % at loads
+    # 1.5 and 2.5; no cell more than 0.3 % longer), bytes moved -3.3 %, local reads +0.008, Jain
+    # +0.001; within tolerance of the best baseline 48 -> 50 cells on mean JCT.
+    tie_shortest_first: bool = True
     # twostage: the reservation (devices held idle so the first gang that fits nowhere can start) is
     # taken only for a job that has been pending at least reserve_min_wait_s (Slurm's
     # bf_min_age_reserve); until then jobs behind it use every free device.  0 reserves at once.

@@ -51,6 +51,7 @@ class PolicyTable(_Table):
     locality_threshold_ms: int | None = Field(None, ge=0)
     tie_window_s: Seconds | None = None
     tie_fairshare: float | None = Field(None, ge=0, le=1)
+    tie_shortest_first: bool | None = None
     reserve_min_wait_s: Seconds | None = None
     max_wait_s: Seconds | None = None
     cost_weight: float | None = Field(None, ge=0)

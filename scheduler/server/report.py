@@ -120,7 +120,7 @@ def own_jobs_ahead(order: list[int], snap: Snapshot) -> dict[int, tuple[int, int
     """Per pending job in ``order``: how many of its user's pending jobs are ahead of it in the order,
     and how many of its user's pending jobs are older (pending longer, then submitted earlier, then a
     lower id).  More ahead than older: some of the user's newer jobs went first (each user's shorter
-    jobs first, ``[policy] shortest_first``, or a tie broken by transfer cost): ``gsched explain`` says
+    jobs first, ``[policy] shortest_first``, or a tie broken by where jobs read and their size): ``gsched explain`` says
     so."""
     jobs = {jv.id: jv for jv in snap.pending}
     mine: dict[str, list[JobView]] = defaultdict(list)

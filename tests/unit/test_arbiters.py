@@ -18,9 +18,11 @@ from tests.builders import cluster, job
 NO_WAIT = PolicyConfig(locality_wait_s=0)
 # The reservation mechanics at once: a blocked job reserves however short its wait (the default
 # waits reserve_min_wait_s, 8 days, and bounds starvation with max_wait_s; tested at the end).
-# The reservation's tests keep one user's jobs in age order (shortest_first off): the rule under test
-# is the reservation, and their hand-worked orders are by age.
-RESERVE_AT_ONCE = PolicyConfig(reserve_min_wait_s=0, max_wait_s=0, shortest_first=False)
+# The reservation's tests keep one user's jobs in age order (shortest_first off) and their ties in age
+# order too (tie_shortest_first off): the rule under test is the reservation, and their hand-worked
+# orders are by age.
+AGE_ORDER = PolicyConfig(shortest_first=False, tie_shortest_first=False)
+RESERVE_AT_ONCE = replace(AGE_ORDER, reserve_min_wait_s=0, max_wait_s=0)
 
 
 def decided(snap: Snapshot, cfg: PolicyConfig) -> tuple[dict[int, list[Candidate]], Decision]:
@@ -497,7 +499,7 @@ def test_backfill_baseline_reserves_for_the_top_job_and_backfills_data_blind() -
 
 def test_reservation_waits_until_the_job_has_been_pending_reserve_min_wait_s() -> None:
     # big_gang_snapshot: job 1 (8 devices) fits nowhere until job 9 ends at t=1000.
-    cfg = PolicyConfig(reserve_min_wait_s=600, shortest_first=False)
+    cfg = replace(AGE_ORDER, reserve_min_wait_s=600)
     # t=2: job 1 has waited 2 s < 600: no reservation, so job 2 (an hour) takes n2 and job 3 waits.
     _, d = decided(big_gang_snapshot(2, n1_free=0), cfg)
     assert d.reservation is None
@@ -620,10 +622,47 @@ def test_shortest_first_binds_a_users_short_job_before_their_long_one_and_keeps_
     cfg = PolicyConfig(locality_wait_s=0)
     _, d = decided(snap(200), cfg)
     assert bound_nodes(d) == {2: {"n1": 2}}
-    _, d = decided(snap(200), replace(cfg, shortest_first=False))
+    _, d = decided(snap(200), replace(cfg, shortest_first=False, tie_shortest_first=False))
     assert bound_nodes(d) == {1: {"n1": 2}}
     _, d = decided(snap(200), replace(cfg, arbiter="fairshare"))
     assert bound_nodes(d) == {1: {"n1": 2}}
     # Once the long job has waited max_wait_s it goes first whatever its size.
     _, d = decided(snap(200), replace(cfg, max_wait_s=200))
     assert d.order[0] == 1 and bound_nodes(d) == {1: {"n1": 2}}
+
+
+def test_tied_jobs_that_read_locally_go_smallest_first_then_the_others_cheapest_first() -> None:
+    # One free device on a (holds d) and one on c (holds nothing); e lives on b (busy).  alice and bob
+    # have used the same (factor 0.660), carol more (0.287: 373 priority points below, beyond the
+    # default band of 200.1).  Pending, by age:
+    #   1 alice d 4 h       since 0    local on a
+    #   3 alice e 5 min     since 200  must stage e from b
+    #   2 bob   d 10 min    since 300  local on a
+    #   4 carol d 1 min     since 400  local on a, but not tied
+    # Alice's own jobs go smallest first (3 takes her first place, 1 her second); 3, 1 and 2 tie.
+    # Among them the jobs that read locally go first, smallest first: 2 (600 device-s) before 1
+    # (14,400); then 3, which stages, however small; carol stays behind.
+    snap = (
+        cluster()
+        .node("a", rack="r1", devices=1).holds("d", shards=[0])
+        .node("b", rack="r1", devices=1, free=0).holds("e", shards=[0])
+        .node("c", rack="r1", devices=1)
+        .usage(alice=10.0, bob=10.0, carol=30.0)
+        .pending(job(1, dataset="d", submit_s=0, time_limit_s=4 * 3600),
+                 job(3, dataset="e", submit_s=200, time_limit_s=300),
+                 job(2, user="bob", dataset="d", submit_s=300, time_limit_s=600),
+                 job(4, user="carol", dataset="d", submit_s=400, time_limit_s=60))
+        .at(500)
+        .build()
+    )  # fmt: skip
+    _, d = decided(snap, NO_WAIT)
+    assert round(d.factors[1], 3) == round(d.factors[2], 3) == 0.660 and round(d.factors[4], 3) == 0.287
+    assert d.order == [2, 1, 3, 4]
+    # bob's short job reads d on a; alice's long one takes c and stages d; no device is left for 3 or 4
+    assert bound_nodes(d) == {2: {"a": 1}, 1: {"c": 1}}
+    assert d.bindings[2].transfer_cost_ms == 0 and d.bindings[1].transfer_cost_ms > 0
+    assert d.reasons[3].text().startswith("devices busy") and d.reasons[4].text().startswith("devices busy")
+    # tie_shortest_first off: every tied job by transfer cost, equal costs by priority (1 before 2)
+    _, d = decided(snap, replace(NO_WAIT, tie_shortest_first=False))
+    assert d.order == [1, 2, 3, 4]
+    assert bound_nodes(d) == {1: {"a": 1}, 2: {"c": 1}}
