@@ -4,15 +4,17 @@
     python -m benchmarks.quality_estimates --cells "philly_5000|itp_500 load 2.5" --out /tmp/users.json
 
 The grid's time limits are the jobs' true run times (the simulator's ``--estimates exact``), which
-flatters whatever reads them: the reservation, ``backfill``, and ``[policy] shortest_first`` (each
-user's jobs smallest first by devices x time limit).  This replays the contended cells of the grid
+flatters whatever reads them: the reservation, ``backfill``, ``[policy] shortest_first`` (each
+user's jobs smallest first by devices x time limit) and ``[policy] tie_shortest_first`` (tied jobs
+that read locally, smallest first).  This replays the contended cells of the grid
 (offered load 1.5 and 2.5, seed 0, no node cache, and the two 5,000-job slices) with ``--estimates
 users`` (each limit the run time times 1-8, rounded up to the values users write:
-``scheduler.sim.simulator.user_limit``) for five rows: ``twostage`` (the default), ``twostage`` with
-``shortest_first`` off (each user's jobs by age), ``twostage+preempt``, ``backfill`` and ``fairshare``.
-It prints each cell's mean JCT, p95 JCT and Jain per row, then what ``shortest_first`` changes
-(mean JCT against age order) and what preemption changes (against the default without it: issue
-22's measure).  About ten minutes on two workers.
+``scheduler.sim.simulator.user_limit``) for six rows: ``twostage`` (the default), ``twostage`` with
+``shortest_first`` off (each user's jobs by age), ``twostage`` with ``tie_shortest_first`` off (ties
+by transfer cost alone), ``twostage+preempt``, ``backfill`` and ``fairshare``.  It prints each cell's
+mean JCT, p95 JCT and Jain per row, then what ``shortest_first`` and ``tie_shortest_first`` change
+(mean JCT against each turned off) and what preemption changes (against the default without it:
+issue 22's measure).  About twelve minutes on two workers.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from scheduler.core.policy_config import PolicyConfig
 ROWS: tuple[tuple[str, str, PolicyConfig], ...] = (
     ("twostage", "twostage", PolicyConfig()),
     ("twostage, age order", "twostage", PolicyConfig(shortest_first=False)),
+    ("twostage, ties by cost", "twostage", PolicyConfig(tie_shortest_first=False)),
     ("twostage+preempt", "twostage+preempt", PolicyConfig()),
     ("backfill", "backfill", PolicyConfig()),
     ("fairshare", "fairshare", PolicyConfig()),
@@ -68,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             for label, _, _ in ROWS))
     print()
     for c in todo:
-        on, age, pre = (res[(c, label)] for label in ("twostage", "twostage, age order", "twostage+preempt"))
+        on, age, cost, pre = (res[(c, label)] for label in ("twostage", "twostage, age order", "twostage, ties by cost",
+                                                             "twostage+preempt"))
         lost = pre.preempted_device_s / pre.busy_device_s if pre.busy_device_s else 0.0
         print(f"{c.name}: shortest_first mean JCT {100 * (on.mean_jct_s / age.mean_jct_s - 1):+.1f} % against age order; "
+              f"tie_shortest_first {100 * (on.mean_jct_s / cost.mean_jct_s - 1):+.1f} % against ties by cost; "
               f"preemption mean JCT {100 * (pre.mean_jct_s / on.mean_jct_s - 1):+.1f} %, Jain {pre.jain:.3f}, "
               f"{100 * lost:.2f} % of device time lost")
     return 0
