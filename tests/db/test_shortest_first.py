@@ -2,16 +2,20 @@
 SQLite and PostgreSQL alike: the time limit of job.toml (``limits.time``) reaches the arbiter, the
 short job of a user takes the devices before the same user's older long one, the stored priorities
 follow the order, and lowering a pending job's limit (``gsched update ID --time 30m``) moves it
-ahead of its owner's others."""
+ahead of its owner's others.  Across users, tied jobs that read locally go smallest first too
+(``[policy] tie_shortest_first``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from scheduler.core.clock import FakeClock
 from scheduler.core.policy_config import PolicyConfig
 from scheduler.server import jobcontrol
 from scheduler.server import service as svc
+from scheduler.server.auth import Identity
 from scheduler.server.config import Settings
 from scheduler.server.cycle import run_cycle
 from scheduler.store.db import Database
@@ -35,8 +39,9 @@ def test_by_age_a_users_older_long_job_starts_first(db: Database) -> None:
     setup_cluster(db, clock)
     long_job = _submit(db, clock, "2d")
     _submit(db, clock, "10m")
-    # By age the long one goes first (its priority is higher: it has waited a second longer).
-    assert run_cycle(db, settings(shortest_first=False), clock.advance(1)).bound == [long_job]
+    # By age the long one goes first (its priority is higher: it has waited a second longer).  Both
+    # read d locally and tie, so the tie's smallest-first rule is turned off too.
+    assert run_cycle(db, settings(shortest_first=False, tie_shortest_first=False), clock.advance(1)).bound == [long_job]
 
 
 def test_by_default_the_short_job_goes_first_and_takes_the_older_ones_priority(db: Database) -> None:
@@ -79,3 +84,24 @@ def test_own_jobs_ahead_counts_a_users_jobs_ahead_in_the_order_and_older() -> No
     assert own_jobs_ahead([4, 2, 1, 3], snap) == {4: (0, 2), 2: (0, 0), 1: (1, 0), 3: (2, 1)}
     # in age order nobody has more of their own jobs ahead than older
     assert all(a == o for a, o in own_jobs_ahead([1, 2, 3, 4], snap).values())
+
+
+@pytest.mark.parametrize("tie_shortest_first", [True, False])
+def test_a_tied_users_smaller_local_job_goes_before_another_users_older_long_one(
+        db: Database, tie_shortest_first: bool) -> None:
+    # alice and bob have used nothing (factor 1.0 each), so alice's 2-day job and bob's 10-minute job,
+    # submitted a second later, tie; both read d locally on either node and each fills the cluster.
+    # Bob's, the smaller, goes first; with tie_shortest_first off, alice's, the older, does.
+    clock = FakeClock(1000.0)
+    setup_cluster(db, clock)
+    with db.session() as s:
+        svc.add_user(s, clock.now(), None, "bob", 1)
+    long_job = _submit(db, clock, "2d")
+    with db.session() as s:
+        short_job, _ = svc.submit_job(s, clock.advance(1), Identity("user", "bob"),
+                                      {**SPEC, "limits": {"time": "10m"}}, None)
+    report = run_cycle(db, settings(tie_shortest_first=tie_shortest_first), clock.advance(1))
+    assert report.bound == ([short_job] if tie_shortest_first else [long_job])
+    waiting = long_job if tie_shortest_first else short_job
+    with db.read() as s:
+        assert s.get(Job, waiting).state == "PENDING" and s.get(Job, waiting).explain["queue_position"] == 2

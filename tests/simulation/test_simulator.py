@@ -311,15 +311,16 @@ def test_data_none_reads_nothing_and_moves_nothing(tmp_path: Path, capsys: pytes
 
 def test_simulate_reads_the_servers_policy_knobs_from_config(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    # The hand-worked trace above with `[policy] locality_wait_s = 3600` (and each user's jobs by age,
-    # `shortest_first = false`) from a gsched.toml: B waits for n0000 until A ends (100 -> 150), then D
+    # The hand-worked trace above with `[policy] locality_wait_s = 3600` (and jobs by age: each user's,
+    # `shortest_first = false`, and tied ones, `tie_shortest_first = false`) from a gsched.toml: B waits
+    # for n0000 until A ends (100 -> 150), then D
     # (150 -> 170) and C (170 -> 200): JCTs 100, 145, 188, 155.
     trace = write_trace(tmp_path / "tiny.csv", [("A", 0, "u1", 2, 100), ("B", 5, "u2", 2, 50),
                                                 ("C", 12, "u1", 4, 30), ("D", 15, "u2", 1, 20)])
     args = ["simulate", "--trace", str(trace), "--nodes", "2", "--devices-per-node", "2", "--racks", "1",
             "--data", "datasets=1,shards=1,shard_mb=3125,replicas=1", "--cycle-s", "10", "--json"]
     toml = tmp_path / "gsched.toml"
-    toml.write_text("[policy]\nlocality_wait_s = 3600\nshortest_first = false\n")
+    toml.write_text("[policy]\nlocality_wait_s = 3600\nshortest_first = false\ntie_shortest_first = false\n")
     [waited] = json.loads(_json_run([*args, "--config", str(toml)], capsys))
     assert waited["mean_jct_s"] == (100 + 145 + 188 + 155) / 4
     [default] = json.loads(_json_run(args, capsys))
