@@ -22,8 +22,9 @@ The model (every assumption is ours; the traces carry no data or model informati
   policy), rounded up to the next of the usual values (:data:`USUAL_LIMITS_S`: 15 and 30 minutes; 1,
   2, 4, 8 and 12 hours; 1, 2, 3, 5, 7, 14 and 30 days; whole days beyond), kept for every run of the
   job (a restart declares the same limit).  What the arbiters read of them: the reservation and
-  backfill (when running jobs end, ``RunningView.end_by_s`` = last start + limit with ``users``), and
-  ``[policy] shortest_first`` (each user's jobs by devices x limit).
+  backfill (when running jobs end, ``RunningView.end_by_s`` = last start + limit with ``users``),
+  ``[policy] shortest_first`` (each user's jobs by devices x limit) and ``[policy] tie_shortest_first``
+  (tied jobs that read locally, by devices x limit).
 - **Data** (``--data datasets=40,shards=16,shard_mb=512,zipf=1.1,replicas=3,vary=0,cache_gb=0``):
   ``datasets`` data sets ``d000``... of ``shards`` shards of ``shard_mb`` MB (times a per-data-set
   factor drawn uniformly from ``[1-vary, 1+vary]``).  Their ``replicas`` copies are placed by
