@@ -201,6 +201,8 @@ class _VictimOrder:
 
     def of(self, dataset: str | None, users: list[str]) -> Iterator[RunningView]:
         """The jobs of ``users`` in the order for ``dataset``."""
+        if not users:
+            return iter(())
         if dataset not in self.by_user:
             on_data: dict[int, int] = defaultdict(int)  # devices on the data's nodes, of the jobs with any
             for n in self.data_nodes.get(dataset, ()) if dataset is not None else ():
@@ -265,8 +267,41 @@ def _fair(mine: float, victims: list[RunningView], held: Mapping[str, int], shar
     taken_from: dict[str, int] = defaultdict(int)
     for r in victims:
         taken_from[r.user] += devices(r)
-    return all(mine <= _held_share(held[u] - d, shares.get(u, 0.0)) or mine < _held_share(held[u], shares.get(u, 0.0))
-               for u, d in taken_from.items())
+    return all(_fair_to(mine, u, d, held, shares) for u, d in taken_from.items())
+
+
+def _fair_to(mine: float, user: str, taken: int, held: Mapping[str, int], shares: Mapping[str, float]) -> bool:
+    """:func:`_fair` for one victims' user, from whom ``taken`` devices would be preempted."""
+    share = shares.get(user, 0.0)
+    return mine <= _held_share(held[user] - taken, share) or mine < _held_share(held[user], share)
+
+
+def _nobody_usable(may_lose: list[str], sizes_left: Mapping[str, Counter[int]], held: Mapping[str, int],
+                   parts: Mapping[str, float], over_share: set[str], by_part: bool, by_share: bool, mine: float,
+                   shares: Mapping[str, float]) -> tuple[int, int] | None:
+    """Whether no job of ``may_lose`` (their jobs in the pool not taken yet, counted by size in
+    ``sizes_left``) could be taken for a preemptor, each alone with nothing taken before it: then
+    none is taken in any order (what a user holds only falls as their jobs are taken), and the walk
+    over the victims would only count them.  Returns those counts (not over their share or part,
+    refused by the held-share rule), or None when some job could be taken and the walk must run.
+    The same answer as the walk at a cost of users x job sizes, not victims: at 10,000 nodes with
+    every pending job past ``preempt_after_s``, 3,234 walks of ~500 victims each were 2.7 s of 3.1 s."""
+    not_over = unfair = 0
+    for u in may_lose:
+        part = parts.get(u, 0.0)
+        over = by_share and u in over_share
+        for d, n in sizes_left[u].items():
+            if n <= 0:
+                continue
+            if by_part and held[u] - d >= part - EPS:
+                return None  # taken by the part
+            if not over:
+                not_over += n
+            elif _fair_to(mine, u, d, held, shares):
+                return None  # taken by the factor
+            else:
+                unfair += n
+    return not_over, unfair
 
 
 @dataclass(frozen=True)
@@ -339,6 +374,9 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     taken: set[int] = set()  # victims of earlier preemptors this cycle
     size = {r.id: devices(r) for r in pool}
     left_in_pool = Counter(r.user for r in pool)  # each user's jobs in the pool not taken yet
+    sizes_left: dict[str, Counter[int]] = defaultdict(Counter)  # ... and their sizes in devices
+    for r in pool:
+        sizes_left[r.user][size[r.id]] += 1
     smallest: dict[str, int] = {}  # each user's smallest job in the pool, in devices
     over_share = {u for u, f in factors.items() if f < 0.5}  # users a job under its share may take from
     for r in pool:
@@ -385,12 +423,17 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             (by_share and u in over_share)
             or (by_part and held[u] - smallest[u] >= parts.get(u, 0.0) - EPS))]
         counts[NOT_OVER] = sum(n for u, n in left_in_pool.items() if u != job.user and u not in may_lose)
-        candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
+        mine = _held_share(held[job.user] + job.devices, shares.get(job.user, 0.0))
         chosen: list[RunningView] = []
+        none = _nobody_usable(may_lose, sizes_left, held, parts, over_share, by_part, by_share, mine, shares)
+        if none is not None:  # no victim could be taken: the walk would only count them, so it is skipped
+            counts[NOT_OVER] += none[0]
+            counts[UNFAIR] += none[1]
+            may_lose = []
+        candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
         via_part: set[int] = set()  # victims taken by the part (the others by the factor)
-        mine = _held_share(held[job.user] + job.devices, shares.get(job.user, 0.0))
         fair_alone: dict[tuple[str, int], bool] = {}  # the held-share rule for one victim, by its user and size
         for r in candidates:
             if trial.fits():
@@ -443,6 +486,8 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             held[r.user] -= size[r.id]
         taken.update(r.id for r in chosen)
         left_in_pool.subtract(r.user for r in chosen)
+        for r in chosen:
+            sizes_left[r.user][size[r.id]] -= 1
         failed.clear()
         refused_shapes.clear()
         lost = sum(lost_work_s(r, snap.now_s) * size[r.id] for r in chosen)

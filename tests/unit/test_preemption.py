@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import preemption
 from policies.preemption import _Free, plan_preemptions, preemption_plan, snapshot_parts, victim_reason
 from scheduler.core.fairshare import competing_tree, snapshot_factors
 from scheduler.core.policy_config import PolicyConfig
@@ -395,3 +396,39 @@ def test_each_waiting_job_of_one_user_and_shape_is_told_why_it_preempts_nobody()
     plan = preemption_plan(snap, ON)
     assert plan.preemptions == [] and set(plan.nobody) == {10, 11, 12}
     assert len(set(plan.nobody.values())) == 1 and plan.nobody[12].endswith("not preemptible: 2")
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.integers(min_value=0, max_value=10**9))
+def test_skipping_the_victim_walk_when_no_job_could_be_taken_gives_the_walks_answer(seed: int) -> None:
+    """The plan skips its walk over the victims for a job none of whose possible victims could be taken
+    even alone (it only counts them then); with the shortcut off every job walks.  Both give the same
+    preemptions and the same words for every job that preempts nobody, over random snapshots of up to
+    five users with random shares, usage, holdings and checkpoints."""
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(rng.randint(2, 5))]
+    names = [f"n{i}" for i in range(rng.randint(1, 6))]
+    size = rng.choice([2, 4, 8])
+    b = cluster().at(NOW).usage(**{u: rng.choice([0.0, rng.uniform(0, 50_000)]) for u in users})
+    b = b.shares(**{u: rng.choice([1.0, 2.0, 4.0]) for u in users})
+    jid = 1
+    for n in names:
+        free = size
+        while free and rng.random() < 0.8:
+            d = rng.choice([d for d in (1, 2, 4, 8) if d <= free])
+            b = b.running(jid, rng.choice(users), {n: d}, 1e9, started_s=rng.choice([0.0, NOW - 300]),
+                          checkpoint_s=rng.choice([None, NOW - rng.uniform(0, 900)]),
+                          preemptible=rng.random() < 0.9)
+            free -= d
+            jid += 1
+        b = b.node(n, devices=size, free=free)
+    pending = [job(100 + i, user=rng.choice(users), ranks=rng.randint(1, 3),
+                   devices_per_rank=rng.choice([d for d in (1, 2, 4) if d <= size]),
+                   pending_since_s=NOW - rng.choice([100, 400, 4000])) for i in range(rng.randint(1, 12))]
+    snap = b.pending(*pending).build()
+    cfg = replace(ON, min_runtime_s=rng.choice([0, 600]))
+    with_shortcut = preemption_plan(snap, cfg)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(preemption, "_nobody_usable", lambda *a, **k: None)
+        walked = preemption_plan(snap, cfg)
+    assert with_shortcut == walked
