@@ -35,6 +35,11 @@ fewer than ``preempt_max_per_hour`` times in the last hour, of another user, and
   devices) / S(v)`` (after the preemption the preemptor's user holds no more for their share than the
   victim's: LessThanOrEqualToFinalShare) or less than ``H(v) / S(v)`` (LessThanInitialShare).
 
+A *wide* job (more devices than its user's part) whose devices x time limit fit that part over
+``preempt_wide_window_s`` (:func:`wide_within_window`) is not taken by the factor rule: its user would
+hold nothing again, and a wide gang's restart costs the most (such a job takes ``twostage``'s
+reservation at once once its user holds nothing: ``policies.twostage.WideAtOnce``).
+
 The factor alone kept a user who had used much in the past days from taking their part now, however
 little they held (``itp_5000``: Jain 0.943, the first days below 0.93); the part alone ignores history
 and cost ``philly_5000`` 18 % of mean JCT (benchmarks/RESULTS.md).  Either way, what the preemptor's
@@ -175,6 +180,15 @@ def devices(r: RunningView) -> int:
     return sum(d for _, d in r.devices_by_node)
 
 
+def wide_within_window(devices: int, time_limit_s: float, part: float, cfg: PolicyConfig) -> bool:
+    """Whether a job of ``devices`` for ``time_limit_s`` is *wide* (more devices than ``part``, its user's
+    fair part now: the part rule can never start it) and fits that part over
+    ``preempt_wide_window_s`` (devices x time limit at most part x window); with preemption on only."""
+    window = cfg.preempt_wide_window_s
+    return (cfg.preempt and window > 0 and devices > part + EPS
+            and devices * time_limit_s <= part * window + EPS)
+
+
 def _data_nodes(snap: Snapshot) -> dict[str, set[str]]:
     """The nodes holding any shard of each data set."""
     out: dict[str, set[str]] = defaultdict(set)
@@ -226,6 +240,7 @@ TOO_OFTEN = "preempted preempt_max_per_hour times in the last hour"
 _WHY_NOT_ORDER = (STOPPING, NOT_PREEMPTIBLE, TOO_YOUNG, TOO_OFTEN)
 # ... and, for a given preemptor, why a job of another user that may be preempted is not taken for it
 NOT_OVER = "of users neither over their share nor above their fair part"
+WIDE = "wider than their users' fair part and within preempt_wide_window_s"
 UNFAIR = "would leave their users holding less for their share than {user} would"
 NOT_ENOUGH = "may be preempted, but not enough"
 TAKEN = "taken for jobs ahead of it this cycle"
@@ -276,32 +291,35 @@ def _fair_to(mine: float, user: str, taken: int, held: Mapping[str, int], shares
     return mine <= _held_share(held[user] - taken, share) or mine < _held_share(held[user], share)
 
 
-def _nobody_usable(may_lose: list[str], sizes_left: Mapping[str, Counter[int]], held: Mapping[str, int],
-                   parts: Mapping[str, float], over_share: set[str], by_part: bool, by_share: bool, mine: float,
-                   shares: Mapping[str, float]) -> tuple[int, int] | None:
-    """Whether no job of ``may_lose`` (their jobs in the pool not taken yet, counted by size in
-    ``sizes_left``) could be taken for a preemptor, each alone with nothing taken before it: then
-    none is taken in any order (what a user holds only falls as their jobs are taken), and the walk
-    over the victims would only count them.  Returns those counts (not over their share or part,
-    refused by the held-share rule), or None when some job could be taken and the walk must run.
-    The same answer as the walk at a cost of users x job sizes, not victims: at 10,000 nodes with
-    every pending job past ``preempt_after_s``, 3,234 walks of ~500 victims each were 2.7 s of 3.1 s."""
-    not_over = unfair = 0
+def _nobody_usable(may_lose: list[str], sizes_left: Mapping[str, Counter[tuple[int, bool]]],
+                   held: Mapping[str, int], parts: Mapping[str, float], over_share: set[str], by_part: bool,
+                   by_share: bool, mine: float, shares: Mapping[str, float]) -> tuple[int, int, int] | None:
+    """Whether no job of ``may_lose`` (their jobs in the pool not taken yet, counted in ``sizes_left``
+    by size and whether the factor rule may not take them, :func:`wide_within_window`) could be taken
+    for a preemptor, each alone with nothing taken before it: then none is taken in any order (what a
+    user holds only falls as their jobs are taken), and the walk over the victims would only count
+    them.  Returns those counts (not over their share or part, refused by the held-share rule, wide),
+    or None when some job could be taken and the walk must run.  The same answer as the walk at a cost
+    of users x job sizes, not victims: at 10,000 nodes with every pending job past
+    ``preempt_after_s``, 3,234 walks of ~500 victims each were 2.7 s of 3.1 s."""
+    not_over = unfair = wide = 0
     for u in may_lose:
         part = parts.get(u, 0.0)
         over = by_share and u in over_share
-        for d, n in sizes_left[u].items():
+        for (d, shielded), n in sizes_left[u].items():
             if n <= 0:
                 continue
             if by_part and held[u] - d >= part - EPS:
                 return None  # taken by the part
             if not over:
                 not_over += n
+            elif shielded:
+                wide += n
             elif _fair_to(mine, u, d, held, shares):
                 return None  # taken by the factor
             else:
                 unfair += n
-    return not_over, unfair
+    return not_over, unfair, wide
 
 
 @dataclass(frozen=True)
@@ -374,9 +392,12 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     taken: set[int] = set()  # victims of earlier preemptors this cycle
     size = {r.id: devices(r) for r in pool}
     left_in_pool = Counter(r.user for r in pool)  # each user's jobs in the pool not taken yet
-    sizes_left: dict[str, Counter[int]] = defaultdict(Counter)  # ... and their sizes in devices
+    # running wide jobs within preempt_wide_window_s: the factor rule does not take them
+    shielded = {r.id for r in pool
+                if wide_within_window(size[r.id], r.end_by_s - r.started_s, parts.get(r.user, 0.0), cfg)}
+    sizes_left: dict[str, Counter[tuple[int, bool]]] = defaultdict(Counter)  # ... and their sizes
     for r in pool:
-        sizes_left[r.user][size[r.id]] += 1
+        sizes_left[r.user][(size[r.id], r.id in shielded)] += 1
     smallest: dict[str, int] = {}  # each user's smallest job in the pool, in devices
     over_share = {u for u, f in factors.items() if f < 0.5}  # users a job under its share may take from
     for r in pool:
@@ -414,7 +435,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             if explain:
                 nobody[job.id] = failed[shape]
             continue
-        counts = dict.fromkeys((NOT_OVER, UNFAIR), 0)
+        counts = dict.fromkeys((NOT_OVER, UNFAIR, WIDE), 0)
         # Users who may lose a job to this one: over their share by the factor (when it preempts by the
         # factor), or holding enough that their smallest job leaves them at their part (by the part; what
         # they hold only falls as victims are chosen).  The others' jobs are never taken: they are
@@ -429,6 +450,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         if none is not None:  # no victim could be taken: the walk would only count them, so it is skipped
             counts[NOT_OVER] += none[0]
             counts[UNFAIR] += none[1]
+            counts[WIDE] += none[2]
             may_lose = []
         candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
         trial = _Trial(free, job)
@@ -444,6 +466,9 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
                 if not (by_share and r.user in over_share):
                     counts[NOT_OVER] += 1
                     continue
+                if r.id in shielded:
+                    counts[WIDE] += 1
+                    continue  # preempting it would leave its user nothing again
                 alone = fair_alone.get((r.user, d))
                 if alone is None:
                     alone = fair_alone[(r.user, d)] = _fair(mine, [r], held, shares)
@@ -487,7 +512,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         taken.update(r.id for r in chosen)
         left_in_pool.subtract(r.user for r in chosen)
         for r in chosen:
-            sizes_left[r.user][size[r.id]] -= 1
+            sizes_left[r.user][(size[r.id], r.id in shielded)] -= 1
         failed.clear()
         refused_shapes.clear()
         lost = sum(lost_work_s(r, snap.now_s) * size[r.id] for r in chosen)
@@ -507,6 +532,7 @@ def _short_of_victims(job: JobView, others: int, refused: Mapping[str, Mapping[s
              for why in _WHY_NOT_ORDER}
     words[NOT_OVER] = counts[NOT_OVER]
     words[UNFAIR.format(user=job.user)] = counts[UNFAIR]
+    words[WIDE] = counts[WIDE]
     words[NOT_ENOUGH] = usable
     words[TAKEN] = others - sum(words.values())
     if others == 0:

@@ -37,6 +37,9 @@ that can read their data locally go first, smallest first, then the others cheap
    stage 1 finds a placement for it, and that placement's devices.  Later jobs may backfill if they end
    (``now_s + time_limit_s``) by ``T``, or if they leave enough devices on the reserved nodes for the
    reservation at ``T``.  Only one reservation is held; no devices are ever held for a partial gang.
+   With preemption on, a wide job (more devices than its user's fair part now) whose devices x time
+   limit fit that part over ``preempt_wide_window_s`` may take it before ``reserve_min_wait_s``, once
+   its user holds nothing and it has waited ``preempt_after_s`` (:class:`WideAtOnce`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from policies.common import (
     not_taken,
     reserved_for,
 )
+from policies.preemption import held_devices, snapshot_parts, wide_within_window
 from policies.reservation import Reservation, plan_reservation
 from scheduler.core.decide import job_shape
 from scheduler.core.fairshare import job_size, queue_order
@@ -176,6 +180,30 @@ def may_reserve(job: JobView, now_s: float, cfg: PolicyConfig) -> bool:
     return waited >= cfg.reserve_min_wait_s
 
 
+class WideAtOnce:
+    """With preemption on: may ``job`` take the reservation at once, before ``reserve_min_wait_s``?  When
+    it is wide and fits its user's fair part over ``preempt_wide_window_s``
+    (:func:`policies.preemption.wide_within_window`), its user holds no devices, and it has waited
+    ``preempt_after_s``.  Such a job can never start by the part rule, and while it waits its user gets
+    nothing; started, its user holds more than their part for its run, which the window bounds.  What
+    users hold and their parts are worked out on the first job asked about, once per cycle."""
+
+    def __init__(self, snap: Snapshot, cfg: PolicyConfig) -> None:
+        self.snap, self.cfg = snap, cfg
+        self.on = cfg.preempt and cfg.preempt_wide_window_s > 0
+        self.held: Mapping[str, int] = {}
+        self.parts: Mapping[str, float] | None = None
+
+    def __call__(self, job: JobView) -> bool:
+        if not self.on or self.snap.now_s - job.pending_since_s < self.cfg.preempt_after_s:
+            return False
+        if self.parts is None:
+            self.held = held_devices(self.snap)
+            self.parts = snapshot_parts(self.snap, self.held)
+        return self.held.get(job.user, 0) == 0 and wide_within_window(
+            job.devices, job.time_limit_s, self.parts.get(job.user, 0.0), self.cfg)
+
+
 class TwoStageArbiter:
     """The default arbiter (see the module docstring)."""
 
@@ -211,6 +239,7 @@ class TwoStageArbiter:
         # first; and whether some job of this cycle found no devices (the cycle is contended)
         beyond: list[tuple[JobView, Candidate, list[int]]] = []
         contended = False
+        wide_at_once = WideAtOnce(snap, cfg)
 
         for job in ordered:
             job_id = job.id
@@ -276,7 +305,7 @@ class TwoStageArbiter:
                     d.reasons[job_id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
-                if res is None and may_reserve(job, now, cfg):
+                if res is None and (may_reserve(job, now, cfg) or wide_at_once(job)):
                     res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
                     if res is not None:
                         ledger.hold(res.held)

@@ -92,6 +92,14 @@ class PolicyConfig:
     # cells, p95 JCT 36 / 38 / 40, local reads 46 / 46 / 48, mean JCT 45 / 46 / 45, and at most
     # 2.3 / 2.2 / 3.4 % of device time lost to preemption (issue 22 allows 3 %).
     preempt_equal_loss_s: float = 300.0
+    # A wide job (more devices than its user's fair part of the devices now: the part rule can never
+    # start it, and while it waits its user holds nothing) whose devices x time limit is at most that
+    # part x preempt_wide_window_s: with preemption on, once its user holds nothing and it has waited
+    # preempt_after_s, it takes twostage's reservation at once (not after reserve_min_wait_s), and
+    # once running it is not taken by the factor rule.  Averaged over the window its user then holds
+    # no more than their part, where waiting would leave them nothing all along.  0: off.
+    # benchmarks/RESULTS.md, "Wide jobs that fit a part over two days".
+    preempt_wide_window_s: float = 2 * 86400.0
     # Weight of transfer cost against priority inside the arbiters that trade them (flow).
     cost_weight: float = 1.0
     # twostage (and the preemption plan): each user's own pending jobs go smallest first (devices x

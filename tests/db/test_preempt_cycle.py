@@ -28,7 +28,10 @@ from tests.db.test_store import ADMIN, ALICE, SPEC, setup_cluster
 
 BOB = Identity("user", "bob")
 ONE = {**SPEC, "resources": {"ranks": 1, "gpus_per_rank": 1}}
-ON = {"preempt": True, "preempt_after_s": 300.0, "min_runtime_s": 600.0}
+# alice's job below (2 devices on a cluster of 2, an hour) is wide (more than her fair part, 1) and
+# short enough for preempt_wide_window_s, so by default the factor would not take it: these tests,
+# of what the cycle does with a preemption, turn that rule off; the last test keeps it on.
+ON = {"preempt": True, "preempt_after_s": 300.0, "min_runtime_s": 600.0, "preempt_wide_window_s": 0.0}
 
 
 def settings(**policy) -> Settings:  # type: ignore[no-untyped-def]
@@ -192,3 +195,20 @@ def test_share_shows_what_each_holds_asks_for_and_its_fair_part_now(db: Database
     with db.read() as s:
         snap = build_snapshot(s, clock.now())
     assert snapshot_parts(snap) == {"alice": 1.5, "bob": 0.5}
+
+
+def test_a_wide_job_within_the_window_is_not_preempted_and_the_waiting_job_is_told_why(db: Database) -> None:
+    # alice's 2-device job on the 2-device cluster is wider than her fair part (1 of 2, with bob asking)
+    # and 2 x 3600 s fits that part over preempt_wide_window_s (2 days): with the default window the
+    # factor does not take it, and bob's explain says so.
+    clock = FakeClock(1000.0)
+    victim = _alice_runs_on_both_nodes(db, clock)
+    clock.advance(1000)
+    with db.session() as s:
+        preemptor, _ = svc.submit_job(s, clock.now(), BOB, ONE, None)
+    report = run_cycle(db, settings(**{**ON, "preempt_wide_window_s": 2 * 86400.0}), clock.advance(400))
+    assert report.counts.get("preempted", 0) == 0 and _events(db, "job.preempt") == []
+    with db.read() as s:
+        assert s.get(Job, victim).state == "RUNNING"
+        why = s.get(Job, preemptor).explain["preempts_nobody"]
+    assert why.endswith("wider than their users' fair part and within preempt_wide_window_s: 1")

@@ -138,10 +138,14 @@ def contended(snap: Snapshot) -> Snapshot:
 def test_with_preemption_on_a_job_waits_preempt_locality_wait_s_for_its_data() -> None:
     # The locality snapshot (waiting since t=100 for a, where the data is; b free), with a job behind it
     # that finds no devices: with preempt on the wait is preempt_locality_wait_s (1800 s by default),
-    # not locality_wait_s (10 s).
+    # not locality_wait_s (10 s).  (bob's gang is wide, and bob holds nothing: it takes the reservation
+    # at once, preempt_wide_window_s; that does not change job 1's wait.)
     on = PolicyConfig(preempt=True)
     assert (on.locality_wait, PolicyConfig().locality_wait) == (1800.0, 10.0)
     _, d = decided(contended(locality_snapshot(1899)), on)
+    assert texts(d.reasons) == {1: "waiting for locality until t=1900s",
+                                2: "devices busy: needs 8, 4 free; devices reserved for it from t=10000s"}
+    _, d = decided(contended(locality_snapshot(1899)), replace(on, preempt_wide_window_s=0))
     assert texts(d.reasons) == {1: "waiting for locality until t=1900s", 2: "devices busy: needs 8, 4 free"}
     assert d.bindings == {}
     _, d = decided(contended(locality_snapshot(1900)), on)
@@ -549,6 +553,35 @@ def test_a_cluster_wide_gang_behind_small_jobs_of_others_is_first_once_it_waited
     # first small job that fits nowhere, never to the gang.
     _, d = decided(starving_gang_snapshot(3600), RESERVE_AT_ONCE)
     assert d.order == [2, 3, 1] and d.reservation is not None and d.reservation[0] == 3
+
+
+def test_with_preemption_a_wide_job_that_fits_its_users_part_over_the_window_reserves_at_once() -> None:
+    # starving_gang_snapshot at t=3599 with preemption on (reserve_min_wait_s and max_wait_s at their
+    # 8 days).  Fair parts of the 8 devices among the users asking: x 1 and y 1 (what they ask), then
+    # wide (asks 8) and carol (holds 7) 3 each.  The gang (8 devices, an hour) is wide (8 > 3); it has
+    # waited 3599 s >= preempt_after_s (300); wide holds nothing; 8 x 3600 = 28,800 device-seconds <=
+    # 3 x preempt_wide_window_s (2 days: 518,400).  So, behind x and y in fair-share order, it takes the
+    # reservation at once: a and b from 4300 (carol's last job ends then).  x (ends 4199) still runs.
+    on = PolicyConfig(preempt=True)
+    _, d = decided(starving_gang_snapshot(3599), on)
+    assert d.order == [2, 3, 1]
+    assert d.reservation == (1, {"a": 4, "b": 4}, 4300.0)
+    assert bound_nodes(d) == {2: {"b": 1}}
+    assert texts(d.reasons)[1] == "devices busy: needs 8, 0 free; devices reserved for it from t=4300s"
+    # Not with the window off, nor without preemption (the gang then waits its 8 days: see the tests
+    # above and below), nor for a gang too long for the window (8 x 18 h 1 s > 3 x 2 days)...
+    for cfg in (replace(on, preempt_wide_window_s=0), PolicyConfig()):
+        assert decided(starving_gang_snapshot(3599), cfg)[1].reservation is None
+    long = starving_gang_snapshot(3599)
+    long = replace(long, pending=tuple(replace(j, time_limit_s=18 * 3600 + 1) if j.id == 1 else j
+                                       for j in long.pending))
+    assert decided(long, on)[1].reservation is None
+    # ... nor while wide holds devices (one of carol's jobs is wide's: it holds 1)
+    held = starving_gang_snapshot(3599)
+    held = replace(held, running=tuple(replace(r, user="wide") if r.id == 10 else r for r in held.running))
+    assert decided(held, on)[1].reservation is None
+    # ... nor before it has waited preempt_after_s (here 3600 s)
+    assert decided(starving_gang_snapshot(3599), replace(on, preempt_after_s=3600))[1].reservation is None
 
 
 def test_by_default_the_starvation_bound_and_the_reservation_wait_eight_days() -> None:

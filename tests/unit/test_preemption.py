@@ -256,6 +256,27 @@ def test_why_nobody_names_the_factor_and_the_held_share_rule_and_is_silent_when_
     assert plan.nobody[11].endswith("not preemptible: 1; taken for jobs ahead of it this cycle: 1")
 
 
+def test_a_running_wide_job_within_the_window_is_not_taken_by_the_factor() -> None:
+    # alice (F 0.25, over her share) runs job 1 on both nodes: 8 devices, started at 0, its limit
+    # ending at NOW + 3600 (13,600 s).  bob (F 1) waits with 4.  Fair parts of the 8 devices: 4 each.
+    # Job 1 is wide (8 > 4) and 8 x 13,600 = 108,800 <= 4 x 2 days (691,200): taking it would leave
+    # alice nothing, so the factor rule leaves it (the part rule never takes it: alice would drop to
+    # 0 < 4), and bob preempts nobody, told why.
+    def snap(end_by_s: float) -> Snapshot:
+        return (full().running(1, "alice", {"n1": 4, "n2": 4}, end_by_s, started_s=0)
+                .pending(bobs_job()).build())
+
+    plan = preemption_plan(snap(NOW + 3600), ON)
+    assert plan.preemptions == []
+    assert plan.nobody == {10: "it would not fit even with every job it may preempt; the 1 running job(s) of other "
+                               "users: wider than their users' fair part and within preempt_wide_window_s: 1"}
+    # with the window off, or a job longer than the window allows (8 x 86,401 > 4 x 2 days), the
+    # factor takes it as before
+    assert [p.victims for p in plan_preemptions(snap(NOW + 3600), replace(ON, preempt_wide_window_s=0))] == [(1,)]
+    assert [p.victims for p in plan_preemptions(snap(86_401), ON)] == [(1,)]
+    assert plan_preemptions(snap(86_400), ON) == []
+
+
 # ---------------------------------------------------------------- no ping-pong, over random clusters
 
 
@@ -416,7 +437,8 @@ def test_skipping_the_victim_walk_when_no_job_could_be_taken_gives_the_walks_ans
         free = size
         while free and rng.random() < 0.8:
             d = rng.choice([d for d in (1, 2, 4, 8) if d <= free])
-            b = b.running(jid, rng.choice(users), {n: d}, 1e9, started_s=rng.choice([0.0, NOW - 300]),
+            b = b.running(jid, rng.choice(users), {n: d}, rng.choice([1e9, NOW + rng.uniform(0, 86400)]),
+                          started_s=rng.choice([0.0, NOW - 300]),
                           checkpoint_s=rng.choice([None, NOW - rng.uniform(0, 900)]),
                           preemptible=rng.random() < 0.9)
             free -= d
