@@ -131,10 +131,13 @@ def reserved_for(job_id: int, start_s: float) -> Reason:
     return Reason(ReasonKind.RESERVED, f"reserved for job {job_id}", start_s)
 
 
-def holds_reservation(busy: Reason, start_s: float) -> Reason:
+def holds_reservation(busy: Reason, start_s: float, why: str = "") -> Reason:
     """A job that fits nowhere now and got the reservation: ``busy``'s words, then "; devices reserved
-    for it from t=1030s".  Its kind is ``reserved`` (it waits on a reservation, as the jobs it holds back do)."""
-    return Reason(ReasonKind.RESERVED, f"{busy.message}; devices reserved for it", start_s, FROM)
+    for it from t=1030s" (after ``why`` and a colon when given: why it got it before
+    ``reserve_min_wait_s``).  Its kind is ``reserved`` (it waits on a reservation, as the jobs it holds
+    back do)."""
+    return Reason(ReasonKind.RESERVED, f"{busy.message}; {why + ': ' if why else ''}devices reserved for it",
+                  start_s, FROM)
 
 
 def waiting_for_locality(until_s: float, prefix: str = "") -> Reason:

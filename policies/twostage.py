@@ -180,6 +180,10 @@ def may_reserve(job: JobView, now_s: float, cfg: PolicyConfig) -> bool:
     return waited >= cfg.reserve_min_wait_s
 
 
+# The words of a wide job's reservation taken before reserve_min_wait_s (explain and the queue)
+WIDE_AT_ONCE = "wider than its user's fair part, within preempt_wide_window_s, reserved at once"
+
+
 class WideAtOnce:
     """With preemption on: may ``job`` take the reservation at once, before ``reserve_min_wait_s``?  When
     it is wide and fits its user's fair part over ``preempt_wide_window_s``
@@ -305,12 +309,13 @@ class TwoStageArbiter:
                     d.reasons[job_id] = reserved_for(res.job_id, res.start_s)
                     continue
                 reason = devices_busy(job.devices, ledger.total)
-                if res is None and (may_reserve(job, now, cfg) or wide_at_once(job)):
+                wide = False
+                if res is None and (may_reserve(job, now, cfg) or (wide := wide_at_once(job))):
                     res = plan_reservation(job, snap, cfg, index, ledger.free, bound_ends)
                     if res is not None:
                         ledger.hold(res.held)
                         d.reservation = (res.job_id, dict(res.need), res.start_s)
-                        reason = holds_reservation(reason, res.start_s)
+                        reason = holds_reservation(reason, res.start_s, WIDE_AT_ONCE if wide else "")
                 d.reasons[job_id] = reason
                 continue
 

@@ -144,7 +144,8 @@ def test_with_preemption_on_a_job_waits_preempt_locality_wait_s_for_its_data() -
     assert (on.locality_wait, PolicyConfig().locality_wait) == (1800.0, 10.0)
     _, d = decided(contended(locality_snapshot(1899)), on)
     assert texts(d.reasons) == {1: "waiting for locality until t=1900s",
-                                2: "devices busy: needs 8, 4 free; devices reserved for it from t=10000s"}
+                                2: "devices busy: needs 8, 4 free; wider than its user's fair part, within "
+                                   "preempt_wide_window_s, reserved at once: devices reserved for it from t=10000s"}
     _, d = decided(contended(locality_snapshot(1899)), replace(on, preempt_wide_window_s=0))
     assert texts(d.reasons) == {1: "waiting for locality until t=1900s", 2: "devices busy: needs 8, 4 free"}
     assert d.bindings == {}
@@ -567,7 +568,8 @@ def test_with_preemption_a_wide_job_that_fits_its_users_part_over_the_window_res
     assert d.order == [2, 3, 1]
     assert d.reservation == (1, {"a": 4, "b": 4}, 4300.0)
     assert bound_nodes(d) == {2: {"b": 1}}
-    assert texts(d.reasons)[1] == "devices busy: needs 8, 0 free; devices reserved for it from t=4300s"
+    assert texts(d.reasons)[1] == ("devices busy: needs 8, 0 free; wider than its user's fair part, within "
+                                   "preempt_wide_window_s, reserved at once: devices reserved for it from t=4300s")
     # Not with the window off, nor without preemption (the gang then waits its 8 days: see the tests
     # above and below), nor for a gang too long for the window (8 x 18 h 1 s > 3 x 2 days)...
     for cfg in (replace(on, preempt_wide_window_s=0), PolicyConfig()):
