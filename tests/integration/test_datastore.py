@@ -77,6 +77,11 @@ def test_job_on_a_node_without_its_data_stages_every_shard_and_completes(make_cl
 def test_corrupt_replica_is_detected_never_read_locally_and_repaired(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
     c = make_cluster([NodeSpec("n1"), NodeSpec("n2")], scrub_interval_s=1.0).start()
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
+    # `data make` returns once each shard has one healthy copy; a copy still being made to n1 would
+    # overwrite the corruption below with good bytes (seen once in CI: n1 copied tiny/0 from n2 after
+    # the flip, and nothing corrupt was ever reported).  Corrupt a settled copy.
+    c.wait_for(lambda: healthy_copies(c, "tiny") == {0: ["n1", "n2"], 1: ["n1", "n2"]}, 60,
+               "both copies of each shard")
     path = shard_path(c.data_dir("n1"), "tiny", 0)
     good = sha256_file(path)
     data = bytearray(path.read_bytes())

@@ -32,7 +32,10 @@ def test_a_job_under_its_share_preempts_one_over_it_and_the_victim_resumes_from_
     c.cli("data", "make", "tiny", "--source", TINY_SOURCE, "--shards", "2", "--replicas", "2")
     alice, bob = c.add_user("alice"), c.add_user("bob")
     long_spec, short_spec = tmp_path / "long.toml", tmp_path / "short.toml"
-    long_spec.write_text(job_toml("long", ranks=2, epochs=16, extra="seed = 3"))
+    # "long": its limit is 3 days.  (With the default 10 minutes it would be a wide job, 2 devices against
+    # alice's part of 1, short enough for preempt_wide_window_s, which the factor rule does not take:
+    # tests/db/test_preempt_cycle.py.)
+    long_spec.write_text(job_toml("long", ranks=2, epochs=16, extra="seed = 3", limits='time = "3d"'))
     short_spec.write_text(job_toml("short", ranks=1, epochs=1, extra="checkpoint = false"))
 
     victim = int(c.cli("submit", str(long_spec), token=alice).stdout.split()[-1])
