@@ -291,35 +291,50 @@ def _fair_to(mine: float, user: str, taken: int, held: Mapping[str, int], shares
     return mine <= _held_share(held[user] - taken, share) or mine < _held_share(held[user], share)
 
 
+# How the plan may take a job of another user (the rules in the module doc), for :func:`_take_or_keep`
+BY_PART = "by the part"
+BY_FACTOR = "by the factor"
+
+
+def _take_or_keep(user: str, d: int, shielded: bool, left: float, part: float, by_part: bool, over: bool,
+                  mine: float, held: Mapping[str, int], shares: Mapping[str, float]) -> str:
+    """Whether a running job of ``user`` of ``d`` devices may be taken for a preemptor, and by which
+    rule (:data:`BY_PART`, :data:`BY_FACTOR`), or why it is kept (:data:`NOT_OVER`, :data:`WIDE`,
+    :data:`UNFAIR`).  ``left``: what ``user`` holds with the victims chosen so far preempted; ``over``:
+    the preemptor may take by the factor and ``user`` is over their share; ``shielded``: the job is
+    wide within the window (:func:`wide_within_window`); ``mine``: what the preemptor's user would
+    hold for their share.  The walk over the victims and :func:`_nobody_usable` both ask it."""
+    if by_part and left - d >= part - EPS:
+        return BY_PART
+    if not over:
+        return NOT_OVER
+    if shielded:
+        return WIDE  # preempting it would leave its user nothing again
+    # even alone, taking it may leave its user holding less for their share than the preemptor's
+    return BY_FACTOR if _fair_to(mine, user, d, held, shares) else UNFAIR
+
+
 def _nobody_usable(may_lose: list[str], sizes_left: Mapping[str, Counter[tuple[int, bool]]],
                    held: Mapping[str, int], parts: Mapping[str, float], over_share: set[str], by_part: bool,
-                   by_share: bool, mine: float, shares: Mapping[str, float]) -> tuple[int, int, int] | None:
+                   by_share: bool, mine: float, shares: Mapping[str, float]) -> Counter[str] | None:
     """Whether no job of ``may_lose`` (their jobs in the pool not taken yet, counted in ``sizes_left``
     by size and whether the factor rule may not take them, :func:`wide_within_window`) could be taken
     for a preemptor, each alone with nothing taken before it: then none is taken in any order (what a
     user holds only falls as their jobs are taken), and the walk over the victims would only count
-    them.  Returns those counts (not over their share or part, refused by the held-share rule, wide),
-    or None when some job could be taken and the walk must run.  The same answer as the walk at a cost
-    of users x job sizes, not victims: at 10,000 nodes with every pending job past
-    ``preempt_after_s``, 3,234 walks of ~500 victims each were 2.7 s of 3.1 s."""
-    not_over = unfair = wide = 0
+    them.  Returns those counts by why each is kept (:func:`_take_or_keep`), or None when some job
+    could be taken and the walk must run.  The same answer as the walk at a cost of users x job sizes,
+    not victims: at 10,000 nodes with every pending job past ``preempt_after_s``, 3,234 walks of ~500
+    victims each were 2.7 s of 3.1 s."""
+    kept: Counter[str] = Counter()
     for u in may_lose:
-        part = parts.get(u, 0.0)
-        over = by_share and u in over_share
+        part, over = parts.get(u, 0.0), by_share and u in over_share
         for (d, shielded), n in sizes_left[u].items():
-            if n <= 0:
-                continue
-            if by_part and held[u] - d >= part - EPS:
-                return None  # taken by the part
-            if not over:
-                not_over += n
-            elif shielded:
-                wide += n
-            elif _fair_to(mine, u, d, held, shares):
-                return None  # taken by the factor
-            else:
-                unfair += n
-    return not_over, unfair, wide
+            if n > 0:
+                why = _take_or_keep(u, d, shielded, held[u], part, by_part, over, mine, held, shares)
+                if why in (BY_PART, BY_FACTOR):
+                    return None
+                kept[why] += n
+    return kept
 
 
 @dataclass(frozen=True)
@@ -448,34 +463,23 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
         chosen: list[RunningView] = []
         none = _nobody_usable(may_lose, sizes_left, held, parts, over_share, by_part, by_share, mine, shares)
         if none is not None:  # no victim could be taken: the walk would only count them, so it is skipped
-            counts[NOT_OVER] += none[0]
-            counts[UNFAIR] += none[1]
-            counts[WIDE] += none[2]
+            for why, kept in none.items():
+                counts[why] += kept
             may_lose = []
         candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
         via_part: set[int] = set()  # victims taken by the part (the others by the factor)
-        fair_alone: dict[tuple[str, int], bool] = {}  # the held-share rule for one victim, by its user and size
         for r in candidates:
             if trial.fits():
                 break
             d = size[r.id]
-            above_part = by_part and left[r.user] - d >= parts.get(r.user, 0.0) - EPS
-            if not above_part:
-                if not (by_share and r.user in over_share):
-                    counts[NOT_OVER] += 1
-                    continue
-                if r.id in shielded:
-                    counts[WIDE] += 1
-                    continue  # preempting it would leave its user nothing again
-                alone = fair_alone.get((r.user, d))
-                if alone is None:
-                    alone = fair_alone[(r.user, d)] = _fair(mine, [r], held, shares)
-                if not alone:
-                    counts[UNFAIR] += 1
-                    continue  # even alone, taking r would leave r's user holding less for their share
-            if above_part:
+            why = _take_or_keep(r.user, d, r.id in shielded, left[r.user], parts.get(r.user, 0.0), by_part,
+                                by_share and r.user in over_share, mine, held, shares)
+            if why not in (BY_PART, BY_FACTOR):
+                counts[why] += 1
+                continue
+            if why == BY_PART:
                 via_part.add(r.id)
             chosen.append(r)
             left[r.user] -= d
