@@ -106,3 +106,39 @@ def test_the_queue_orders_by_the_same_priority_that_priority_gives() -> None:
     by_user = {j.user: factors[j.id] for j in snap.pending}
     assert prios == {j.id: priority(j, snap, cfg, by_user) for j in snap.pending}  # exactly: one formula
     assert ordered == sorted(snap.pending, key=lambda j: order_key(j, prios[j.id]))
+
+
+def test_the_queue_order_is_worked_out_once_per_snapshot_and_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import scheduler.core.fairshare as fs
+
+    calls: list[bool] = []
+    real = fs._queue_order
+
+    def counted(snapshot, cfg, shortest):  # type: ignore[no-untyped-def]
+        calls.append(shortest)
+        return real(snapshot, cfg, shortest)
+
+    monkeypatch.setattr(fs, "_queue_order", counted)
+    snap = (cluster().usage(alice=100, bob=0)
+            .pending(job(1, user="alice", submit_s=0), job(2, user="bob", submit_s=10), job(3, user="bob", submit_s=20))
+            .at(30).build())
+    cfg = PolicyConfig()
+    first = queue_order(snap, cfg)
+    first[0].reverse()  # a caller's own copy: changing it changes nothing for the next one
+    first[1].clear()
+    again = queue_order(snap, PolicyConfig())  # an equal config: the same order, not worked out again
+    assert calls == [False]
+    assert [j.id for j in again[0]] == [2, 3, 1] and set(again[1]) == {1, 2, 3}
+    assert again == real(snap, cfg, False)
+    queue_order(snap, cfg, shortest=True)  # another question: worked out
+    queue_order(snap, PolicyConfig(age_max_s=1.0))  # another config: worked out
+    assert calls == [False, True, False]
+    other = cluster().usage(alice=0, bob=100).pending(job(1, user="alice"), job(2, user="bob")).at(30).build()
+    assert [j.id for j in queue_order(other, cfg)[0]] == [1, 2]  # another snapshot: its own order
+    assert len(calls) == 4
+    kept = len(fs._orders)
+    del snap, other, first, again
+    gc.collect()
+    assert len(fs._orders) == kept - 2  # the entries go with their snapshots
