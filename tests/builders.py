@@ -101,7 +101,8 @@ class ClusterBuilder:
     def running(self, id: int, user: str, devices_by_node: dict[str, int], end_by_s: float,
                 **preemption: Any) -> ClusterBuilder:
         """A running job; it does NOT change nodes' free counts (declare ``free`` on the node).
-        ``preemption``: ``started_s``, ``checkpoint_s``, ``preemptible``, ``preemptions_last_hour``."""
+        ``preemption``: ``started_s``, ``checkpoint_s``, ``preemptible``, ``preemptions_last_hour``,
+        ``preemptions``."""
         self._running.append(RunningView(id, user, tuple(sorted(devices_by_node.items())), end_by_s, **preemption))
         return self
 

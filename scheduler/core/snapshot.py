@@ -69,7 +69,8 @@ class RunningView:
     For preemption (``policies.preemption``): ``started_s`` is when it last started, ``checkpoint_s``
     when its newest checkpoint was written since (None: none yet, all work since ``started_s`` would
     be lost), ``preemptible`` its ``[limits] preemptible``, ``preemptions_last_hour`` how often it was
-    preempted in the hour before ``Snapshot.now_s``.  ``stopping``: the job is no longer active (requeued,
+    preempted in the hour before ``Snapshot.now_s``, ``preemptions`` how often it was preempted before
+    in all.  ``stopping``: the job is no longer active (requeued,
     preempted, cancelled or ended) but its ranks hold their devices until they exit."""
 
     id: int
@@ -81,6 +82,7 @@ class RunningView:
     preemptible: bool = True
     preemptions_last_hour: int = 0
     stopping: bool = False
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)

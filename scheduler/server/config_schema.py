@@ -59,6 +59,7 @@ class PolicyTable(_Table):
     preempt: bool | None = None
     preempt_after_s: Seconds | None = None
     min_runtime_s: Seconds | None = None
+    min_runtime_backoff: float | None = Field(None, ge=1, le=1000)
     preempt_max_per_hour: int | None = Field(None, ge=0, le=1000)
     preempt_locality_wait_s: Seconds | None = None
     preempt_equal_loss_s: Seconds | None = None

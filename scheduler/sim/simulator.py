@@ -561,7 +561,8 @@ class Simulation:
         kept = self._checkpointed_s(j, now)
         return RunningView(j.id, j.user, tuple(sorted(j.dbn.items())), self._end_by(j, now), started_s=j.bound_s,
                            checkpoint_s=j.run_start_s + kept if kept > 0 else None,
-                           preemptions_last_hour=sum(1 for p in j.preempted_at if now - p < 3600.0))
+                           preemptions_last_hour=sum(1 for p in j.preempted_at if now - p < 3600.0),
+                           preemptions=len(j.preempted_at))
 
     def _preempt(self, job: _Job, now: float) -> None:
         """The victim stops (grace taken as 0), keeps the work of its last checkpoint, loses the rest,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.core.accounts import AccountView
@@ -121,17 +121,19 @@ def _within_array_caps(s: Session, rows: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _preemption_facts(s: Session, now: float, job_ids: list[int]) -> tuple[dict[int, float], dict[int, int]]:
+def _preemption_facts(s: Session, now: float, job_ids: list[int]
+                      ) -> tuple[dict[int, float], dict[int, tuple[int, int]]]:
     """For jobs holding devices: when each one's newest checkpoint was recorded, and how often it was
-    preempted (``job.preempt`` events) in the hour before ``now``."""
+    preempted (``job.preempt`` events) in the hour before ``now`` and in all."""
     if not job_ids:
         return {}, {}
     ckpt = {job: float(t) for job, t in s.execute(
         select(Checkpoint.job_id, func.max(Checkpoint.created_at))
         .where(Checkpoint.job_id.in_(job_ids)).group_by(Checkpoint.job_id))}
-    preempted = {int(job or 0): int(n) for job, n in s.execute(
-        select(Event.job_id, func.count())
-        .where(Event.kind == PREEMPT_EVENT, Event.time > now - 3600.0, Event.job_id.in_(job_ids))
+    recent = func.sum(case((Event.time > now - 3600.0, 1), else_=0))
+    preempted = {int(job or 0): (int(hour or 0), int(n)) for job, hour, n in s.execute(
+        select(Event.job_id, recent, func.count())
+        .where(Event.kind == PREEMPT_EVENT, Event.job_id.in_(job_ids))
         .group_by(Event.job_id))}
     return ckpt, preempted
 
@@ -222,13 +224,14 @@ def build_snapshot(s: Session, now: float, shapes: JobShapes | None = None, disk
         start = started_at or now
         attempt_start = last_start.get(job_id, start)
         newest = ckpt_s.get(job_id)
+        last_hour, ever = preempted.get(job_id, (0, 0))
         running.append(RunningView(id=job_id, user=shape_of[job_id].user,
                                    devices_by_node=tuple(sorted(by_job[job_id].items())),
                                    end_by_s=max(now, start + shape_of[job_id].time_limit_s),
                                    started_s=attempt_start,
                                    checkpoint_s=newest if newest is not None and newest >= attempt_start else None,
                                    preemptible=shape_of[job_id].preemptible,
-                                   preemptions_last_hour=preempted.get(job_id, 0),
+                                   preemptions_last_hour=last_hour, preemptions=ever,
                                    stopping=state not in ACTIVE))
     running.sort(key=lambda r: r.id)
     usage = dict(s.execute(select(Usage.user, Usage.device_seconds)).all())

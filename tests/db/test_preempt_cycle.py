@@ -124,6 +124,30 @@ def test_explain_says_why_a_job_that_waited_preempts_nobody(db: Database) -> Non
     assert doc["preempts_nobody"] is None and len(doc["preemptions"]) == 1
 
 
+@pytest.mark.parametrize("backoff, taken_at", [(2.0, 2201.0), (1.0, 1701.0)])
+def test_a_job_preempted_before_must_run_longer_before_it_is_a_victim_again(db: Database, backoff: float,
+                                                                          taken_at: float) -> None:
+    """``min_runtime_backoff`` 2: alice's job, preempted once before (an earlier attempt), is a victim
+    only once it has run 600 x 2 = 1200 s; with the backoff at 1, after 600 s as before."""
+    clock = FakeClock(1000.0)
+    victim = _alice_runs_on_both_nodes(db, clock)  # from t=1001
+    with db.session() as s:
+        s.add(Event(time=900.0, actor="server", kind="job.preempt", job_id=victim))
+        waiting, _ = svc.submit_job(s, clock.now(), BOB, ONE, None)
+    on = settings(**ON, min_runtime_backoff=backoff)
+    for t in (1701.0, 2001.0, 2201.0):  # alice's job has run 700, 1000, 1200 s
+        report = run_cycle(db, on, clock.advance(t - clock.now()))
+        if t < taken_at:
+            assert report.counts.get("preempted", 0) == 0, t
+            with db.read() as s:
+                assert explain_view(s, s.get(Job, waiting))["preempts_nobody"].endswith(
+                    "ran less than min_runtime_s: 1")
+        else:
+            assert report.preemptions[waiting]["victims"][0]["job"] == victim, t
+            return
+    raise AssertionError("never preempted")
+
+
 def test_the_snapshot_gives_a_running_job_its_last_start_checkpoint_and_preemptions(db: Database) -> None:
     clock = FakeClock(1000.0)
     job_id = _alice_runs_on_both_nodes(db, clock)
@@ -134,7 +158,7 @@ def test_the_snapshot_gives_a_running_job_its_last_start_checkpoint_and_preempti
     with db.read() as s:
         (r,) = build_snapshot(s, clock.now()).running
     # the checkpoint predates this attempt's start: all work since the start would be lost
-    assert (r.started_s, r.checkpoint_s, r.preemptions_last_hour, r.stopping) == (1001.0, None, 1, False)
+    assert (r.started_s, r.checkpoint_s, r.preemptions_last_hour, r.preemptions, r.stopping) == (1001.0, None, 1, 2, False)
     with db.session() as s:
         s.add(Checkpoint(job_id=job_id, epoch=2, path="ck/epoch-0002.pt", nodes=["n1"], bytes=10, created_at=1001.5))
     with db.read() as s:

@@ -74,6 +74,24 @@ def test_never_a_job_younger_than_min_runtime_nor_one_not_preemptible_nor_one_pr
     assert plan_preemptions(b.pending().build(), ON) == []
 
 
+def test_a_job_preempted_before_must_run_min_runtime_s_doubled_for_each_time() -> None:
+    # job 1 ran 1,199 s and was preempted once before: it needs 600 x 2 = 1,200 s, so it stays; job 2
+    # ran 2,400 s after two earlier preemptions: 600 x 4 = 2,400 s, so it may go (it lost more work)
+    b = (cluster().nodes("n1", "n2", free=0).usage(alice=1000).at(NOW)
+         .running(1, "alice", {"n1": 4}, 1e9, started_s=NOW - 1199, preemptions=1)
+         .running(2, "alice", {"n2": 4}, 1e9, started_s=NOW - 2400, checkpoint_s=NOW - 1000, preemptions=2))
+    [p] = plan_preemptions(b.pending(bobs_job()).build(), ON)
+    assert p.victims == (2,)
+    assert preemption.min_runtime(b._running[0], ON) == 1200 and preemption.min_runtime(b._running[1], ON) == 2400
+    # one second short for job 2 as well: nobody, and explain counts both as too young
+    b._running[1] = replace(b._running[1], started_s=NOW - 2399)
+    plan = preemption_plan(b.pending().build(), ON)
+    assert plan.preemptions == [] and plan.nobody[10].endswith("ran less than min_runtime_s: 2")
+    # min_runtime_backoff 1: min_runtime_s alone, whatever came before; job 1 lost less work and goes
+    assert plan_preemptions(b.build(), replace(ON, min_runtime_backoff=1.0))[0].victims == (1,)
+    assert preemption.min_runtime(b._running[1], replace(ON, min_runtime_backoff=3.0)) == 600 * 9
+
+
 def test_among_equals_the_victim_on_the_preemptors_data() -> None:
     # they lost 100 s and 110 s: in the same step of preempt_equal_loss_s (300 s by default: 100 // 300 =
     # 110 // 300 = 0): equals; n2 holds bob's data set, so job 2 (on n2) goes although it loses 10 s more
@@ -291,7 +309,8 @@ def _cycle_snapshot(now: float, nodes: dict[str, int], running: dict[int, dict],
         ck = r["start"] + ((now - r["start"]) // r["epoch_s"]) * r["epoch_s"]
         views.append(RunningView(jid, r["user"], tuple(sorted(r["placed"].items())), 1e12, started_s=r["start"],
                                  checkpoint_s=ck if ck > r["start"] else None, preemptible=r["preemptible"],
-                                 preemptions_last_hour=sum(1 for t in preempted_at[jid] if now - t < 3600)))
+                                 preemptions_last_hour=sum(1 for t in preempted_at[jid] if now - t < 3600),
+                                 preemptions=len(preempted_at[jid])))
     return Snapshot(
         now_s=now, nodes={n: NodeView(n, "r1", d, d - held[n]) for n, d in nodes.items()}, shards={}, replicas={},
         pending=tuple(JobView(jid, p["user"], p["ranks"], p["dpr"], None, p["submit"], p["since"], 1e12)
@@ -314,10 +333,11 @@ def _place(p: dict, free: dict[str, int]) -> dict[str, int] | None:
 def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
     """Each cycle: preemptors' users under share (among the users with jobs) or within their fair part,
     victims' over their share or left at or above their part, no job both; across cycles a victim ran
-    min_runtime_s since its start and nobody is preempted more than 2 times in any hour."""
+    min_runtime_s since its start, doubled for each time it was preempted before, and nobody is
+    preempted more than 2 times in any hour."""
     rng = random.Random(seed)
     cfg = PolicyConfig(preempt=True, preempt_after_s=300, min_runtime_s=600, preempt_max_per_hour=2,
-                       usage_half_life_s=rng.choice([3600.0, 86400.0]))
+                       min_runtime_backoff=2.0, usage_half_life_s=rng.choice([3600.0, 86400.0]))
     nodes = {f"n{i}": rng.choice([2, 4, 8]) for i in range(rng.randint(1, 4))}
     users = ["u0", "u1", "u2"]
     shares = {u: rng.choice([1.0, 2.0, 4.0]) for u in users}
@@ -355,7 +375,7 @@ def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
             assert among[mine["user"]] > 0.5 or by_part  # under their share, or within their part
             for v in p.victims:
                 r = running[v]
-                assert r["preemptible"] and now - r["start"] >= cfg.min_runtime_s
+                assert r["preemptible"] and now - r["start"] >= 600 * 2 ** len(preempted_at[v])
                 held[r["user"]] -= sum(r["placed"].values())
             for u in {running[v]["user"] for v in p.victims}:  # victims' users over their share, or
                 assert among[u] < 0.5 or (by_part and held[u] >= parts.get(u, 0.0) - 1e-9)  # left their part
@@ -382,7 +402,8 @@ def test_no_ping_pong_over_random_clusters_and_queues(seed: int) -> None:
     for times in preempted_at.values():
         for t in times:
             assert sum(1 for u in times if t <= u < t + 3600) <= cfg.preempt_max_per_hour
-        assert all(b - a >= cfg.min_runtime_s for a, b in pairwise(times))
+        # the k-th preemption after the first came at least 600 x 2^k after the one before
+        assert all(b - a >= 600 * 2 ** k for k, (a, b) in enumerate(pairwise(times), start=1))
 
 
 def test_fits_counts_whole_ranks_per_node() -> None:
