@@ -55,9 +55,9 @@ No ping-pong: within a cycle no job is both preemptor and victim, and a victim's
 at or above their part, by the factor holds at least as much for their share as the preemptor's; across
 cycles a victim has run ``min_runtime_s`` since it last started, doubled (``min_runtime_backoff``) for
 each time it was preempted before, and is preempted at most ``preempt_max_per_hour`` times an hour
-(tests/unit/test_preemption.py checks these over random clusters and queues); so a job that runs R
-seconds in all is preempted at most about log2(R / ``min_runtime_s``) + 1 times.  A job can later preempt the job that preempted it once holdings have changed
-(jobs ended, others arrived): in 2,000 random runs that happened in 3 % of them, never sooner than
+(tests/unit/test_preemption.py checks these over random clusters and queues); so at 2 a job whose
+attempts run R seconds in all is preempted at most log2(1 + R / ``min_runtime_s``) times.  A job can
+later preempt the job that preempted it once holdings have changed (jobs ended, others arrived): in 2,000 random runs that happened in 3 % of them, never sooner than
 ``min_runtime_s`` after, with the factor alone as with both measures.
 """
 

@@ -75,10 +75,10 @@ class PolicyConfig:
     preempt_max_per_hour: int = 2
     # A job preempted k times before is a victim only once it has run min_runtime_s x
     # min_runtime_backoff^k since it last started (1: min_runtime_s alone, as before 2026-12-07), so
-    # a job that runs R seconds in all is preempted at most about log2(R / min_runtime_s) + 1 times
-    # at 2.  On the quality grid (itp_500 load 2.5, twelve draws) the job preempted most went from 12
-    # times to 5 and jobs preempted 5 times or more from 53 to 4, Jain the same, mean JCT +5.6 ->
-    # +4.7 % against no preemption (benchmarks/RESULTS.md, "Repeat victims").
+    # at 2 a job whose attempts run R seconds in all is preempted at most log2(1 + R / min_runtime_s)
+    # times.  In itp_500 at load 2.5 (the six grid cells) the job preempted most went from 12 times to
+    # 5, jobs preempted 5 times or more from 53 to 4; over twelve draws Jain the same and mean JCT
+    # +5.6 -> +4.7 % against no preemption (benchmarks/RESULTS.md, "Repeat victims").
     min_runtime_backoff: float = 2.0
     # With preemption on, the locality wait is preempt_locality_wait_s instead of locality_wait_s
     # (unless locality_wait_s is 0: never wait).
