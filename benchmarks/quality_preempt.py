@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from benchmarks.quality import PREEMPT, Cell, Metrics, run_grid
 from benchmarks.quality_row import knobs
+from scheduler.core import arrays
 from scheduler.core.policy_config import PolicyConfig
 
 
@@ -48,17 +49,16 @@ def parse_cell(text: str) -> Cell:
 
 
 def parse_ints(text: str) -> list[int]:
-    """``0-5`` or ``0,2,4`` (or both: ``0-2,7``); a malformed one raises ``argparse.ArgumentTypeError``."""
-    out: list[int] = []
+    """``0-5`` or ``0,2,4`` (or both: ``0-2,7``), in the grammar of sbatch's ``--array`` without its
+    ``%N`` (:func:`scheduler.core.arrays.parse`: sorted, each once); a malformed one raises
+    ``argparse.ArgumentTypeError``."""
     try:
-        for part in text.split(","):
-            lo, sep, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a list of seeds like 0-5 or 0,2,4") from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"{text!r}: no seeds")
-    return out
+        seeds, cap = arrays.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a list of seeds like 0-5 or 0,2,4 ({e})") from None
+    if cap is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a list of seeds like 0-5 or 0,2,4 (no %)")
+    return seeds
 
 
 def parse_floats(text: str) -> list[float]:

@@ -24,8 +24,8 @@ gone), and its user either under their share (``F > 0.5``) or asking, with this 
 their fair part (``H(p) + the job's devices <= part(p)``, ``H`` the devices a user's active jobs hold).
 
 A victim: active, running at least ``min_runtime_s`` since it last started (times
-``min_runtime_backoff`` for each time it was preempted before: :func:`min_runtime`), ``preemptible``, preempted
-fewer than ``preempt_max_per_hour`` times in the last hour, of another user, and either
+``min_runtime_backoff`` for each time it was preempted before: :func:`min_runtime`), ``preemptible``,
+preempted fewer than ``preempt_max_per_hour`` times in the last hour, of another user, and either
 
 - by the part: the preemptor's user is within their part and the victim's user still holds at least
   their part once the victims are gone (KAI's reclaim: a queue under its fair share takes from queues
@@ -57,8 +57,9 @@ cycles a victim has run ``min_runtime_s`` since it last started, doubled (``min_
 each time it was preempted before, and is preempted at most ``preempt_max_per_hour`` times an hour
 (tests/unit/test_preemption.py checks these over random clusters and queues); so at 2 a job whose
 attempts run R seconds in all is preempted at most log2(1 + R / ``min_runtime_s``) times.  A job can
-later preempt the job that preempted it once holdings have changed (jobs ended, others arrived): in 2,000 random runs that happened in 3 % of them, never sooner than
-``min_runtime_s`` after, with the factor alone as with both measures.
+later preempt the job that preempted it once holdings have changed (jobs ended, others arrived): in
+2,000 random runs that happened in 3 % of them, never sooner than ``min_runtime_s`` after, with the
+factor alone as with both measures.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ class RunningView:
     when its newest checkpoint was written since (None: none yet, all work since ``started_s`` would
     be lost), ``preemptible`` its ``[limits] preemptible``, ``preemptions_last_hour`` how often it was
     preempted in the hour before ``Snapshot.now_s``, ``preemptions`` how often it was preempted before
-    in all.  ``stopping``: the job is no longer active (requeued,
-    preempted, cancelled or ended) but its ranks hold their devices until they exit."""
+    in all.  ``stopping``: the job is no longer active (requeued, preempted, cancelled or ended) but its
+    ranks hold their devices until they exit."""
 
     id: int
     user: str

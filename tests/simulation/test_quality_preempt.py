@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from benchmarks.quality import Cell, Metrics
@@ -44,7 +46,10 @@ def test_targets_are_judged_only_at_load_1_5_and_above() -> None:
 
 
 def test_seeds_and_caches_multiply_the_cells_named() -> None:
-    assert parse_ints("0-2,7") == [0, 1, 2, 7] and parse_ints("4") == [4]
+    assert parse_ints("0-2,7") == [0, 1, 2, 7] and parse_ints("4") == [4] and parse_ints("7,0-1,1") == [0, 1, 7]
+    for bad in ("5-2", "0-3%2", ""):  # a range from high to low, a cap, nothing: refused
+        with pytest.raises(argparse.ArgumentTypeError, match="not a list of seeds"):
+            parse_ints(bad)
     a, b = parse_cell("itp_500:2.5:9:50"), parse_cell("philly_500:1.5")
     cells = expand([a, b, a], [0, 1], [0.0, 200.0])
     assert cells == [Cell(s, load, seed, cache) for s, load in (("itp_500.csv", 2.5), ("philly_500.csv", 1.5))
