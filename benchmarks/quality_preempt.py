@@ -140,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
                    help="grid cells (default philly_500:2.5), and [policy] knobs for both runs")
     p.add_argument("--seeds", type=parse_ints, default=None, help="run each cell at these seeds (0-5, 0,2,4)")
     p.add_argument("--caches", type=parse_floats, default=None, help="run each cell at these node caches, GB (0,200)")
-    args = p.parse_args(list(argv))
+    args = p.parse_intermixed_args(list(argv))
     try:
         cells = [parse_cell(a) for a in args.cells if "=" not in a] or [parse_cell("philly_500.csv:2.5")]
         pairs = [a for a in args.cells if "=" in a]

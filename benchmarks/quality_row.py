@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", default="", help="only cells whose name contains one of these |-separated texts")
     p.add_argument("--grid", default=str(CELLS), help="the full run's figures (default: %(default)s)")
     p.add_argument("--out", default=None, help="also write the replayed row's figures here (JSON)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     try:
         cfg = knobs(args.knobs)
     except ValueError as e:  # ConfigError too

@@ -136,7 +136,9 @@ def test_quality_row_replays_a_row_of_a_saved_grid_to_the_same_figures(tmp_path:
     cell = Cell("philly_500.csv", 2.5, 0, 0.0, 40)
     path = tmp_path / "grid.json"
     save_cells(run_grid([cell], ROWS, workers=1), path)
-    assert row_main(["twostage+preempt", "--grid", str(path), "--out", str(tmp_path / "row.json")]) == 0
+    # a knob after the options is read as one (preempt_after_s=300 is the default: the same figures)
+    assert row_main(["twostage+preempt", "--grid", str(path), "preempt_after_s=300",
+                     "--out", str(tmp_path / "row.json")]) == 0
     out = capsys.readouterr().out
     assert "twostage+preempt over 1 cells" in out and "0 verdicts flipped" in out
     from benchmarks.quality import load_cells

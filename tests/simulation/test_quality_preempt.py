@@ -35,6 +35,13 @@ def test_the_command_line_answers_help_and_names_a_malformed_cell(arg: str, says
     assert says in out.out + out.err and stop.value.code == (0 if arg == "--help" else 2)
 
 
+def test_knobs_may_follow_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    # read as a knob, not refused as an unrecognised argument: the knob's own check answers
+    with pytest.raises(SystemExit) as stop:
+        main(["itp_500:2.5", "--seeds", "0-5", "--caches", "0,200", "preempt=false"])
+    assert "preempt: not a knob here" in capsys.readouterr().err and stop.value.code == 2
+
+
 def test_targets_are_judged_only_at_load_1_5_and_above() -> None:
     hot, cool = Cell("x.csv", 2.5, 0, 0.0), Cell("x.csv", 1.0, 0, 0.0)
     # on: JCT 106 vs 100 (+6 %: missed), Jain 0.96 (met), 20 of 1000 device-s lost (2 %: met)
