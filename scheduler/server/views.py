@@ -73,7 +73,7 @@ def explain_view(s: Session, job: Job, disk_floor_bytes: int = 0) -> dict[str, A
     return {"job": job.id, "state": job.state, "user": job.user, "factor": ex.get("factor", job.factor),
             "priority": ex.get("priority", job.priority), "queue_position": ex.get("queue_position"),
             "queue_length": ex.get("queue_length"), "own_ahead": ex.get("own_ahead"),
-            "own_older": ex.get("own_older"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
+            "own_older": ex.get("own_older"), "lower_ahead": ex.get("lower_ahead"), "reason": job.reason, "pending_reason": ex.get("reason", ""),
             "why": why, "reason_kind": why["kind"] if why else None, "reason_at_s": why.get("at_s") if why else None,
             "candidates": ex.get("candidates", []), "reservation": ex.get("reservation"),
             "preemptions": preemptions,

@@ -3,7 +3,7 @@ SQLite and PostgreSQL alike: the time limit of job.toml (``limits.time``) reache
 short job of a user takes the devices before the same user's older long one, the stored priorities
 follow the order, and lowering a pending job's limit (``gsched update ID --time 30m``) moves it
 ahead of its owner's others.  Across users, tied jobs that read locally go smallest first too
-(``[policy] tie_shortest_first``)."""
+(``[policy] tie_shortest_first``), and ``gsched explain`` counts the jobs of a lower priority ahead."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def test_by_default_the_short_job_goes_first_and_takes_the_older_ones_priority(d
         assert started.priority > waiting.priority
         # explain: one of alice's jobs was ahead of it (the short one, newer), none older
         assert (waiting.explain["own_ahead"], waiting.explain["own_older"]) == (1, 0)
+        # the short job took the older one's place and priority: no job of a lower priority is ahead
+        assert waiting.explain["lower_ahead"] == 0
 
 
 def test_lowering_a_pending_jobs_time_limit_moves_it_ahead_of_its_owners_others(db: Database) -> None:
@@ -86,6 +88,23 @@ def test_own_jobs_ahead_counts_a_users_jobs_ahead_in_the_order_and_older() -> No
     assert all(a == o for a, o in own_jobs_ahead([1, 2, 3, 4], snap).values())
 
 
+def test_lower_ahead_counts_the_jobs_of_a_lower_priority_ahead_of_each() -> None:
+    import random
+
+    from scheduler.server.report import lower_ahead
+
+    prios = {1: 9.0, 2: 7.0, 3: 7.0, 4: 5.0, 5: 1.0}
+    assert lower_ahead([1, 2, 3, 4, 5], prios) == dict.fromkeys(range(1, 6), 0)  # by priority: nobody
+    # 5 (the job pending past max_wait_s, say) went first; 4 passed 2 and 3 in a tie
+    assert lower_ahead([5, 1, 4, 2, 3], prios) == {5: 0, 1: 1, 4: 1, 2: 2, 3: 2}  # equals do not pass
+    rng = random.Random(7)
+    for _ in range(200):  # against counting pairs one by one
+        n = rng.randrange(1, 30)
+        p = {j: float(rng.randrange(6)) for j in range(n)}
+        order = rng.sample(range(n), n)
+        assert lower_ahead(order, p) == {j: sum(p[k] < p[j] for k in order[:i]) for i, j in enumerate(order)}
+
+
 @pytest.mark.parametrize("tie_shortest_first", [True, False])
 def test_a_tied_users_smaller_local_job_goes_before_another_users_older_long_one(
         db: Database, tie_shortest_first: bool) -> None:
@@ -105,3 +124,5 @@ def test_a_tied_users_smaller_local_job_goes_before_another_users_older_long_one
     waiting = long_job if tie_shortest_first else short_job
     with db.read() as s:
         assert s.get(Job, waiting).state == "PENDING" and s.get(Job, waiting).explain["queue_position"] == 2
+        # explain: bob's job, a second younger (a lower priority), passed alice's only through the tie
+        assert s.get(Job, waiting).explain["lower_ahead"] == (1 if tie_shortest_first else 0)

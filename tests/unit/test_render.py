@@ -302,6 +302,12 @@ def test_explain_prints_reason_and_candidates(utc: None) -> None:
     doc["own_ahead"], doc["own_older"] = 3, 1
     out = screen_of(lambda c: explain(doc, c), 200)
     assert "3 of carol's own jobs are ahead of it, 1 of them older: a user's own jobs go smallest first" in out
+    assert "lower priority" not in out  # nothing said of other jobs unless one of a lower priority is ahead
+    doc["lower_ahead"] = 1
+    out = screen_of(lambda c: explain(doc, c), 200)
+    assert "1 job of a lower priority is ahead of it: near-ties in priority ([policy] tie_window_s" in out
+    doc["lower_ahead"] = 4
+    assert "4 jobs of a lower priority are ahead of it" in screen_of(lambda c: explain(doc, c), 200)
 
 
 def screen_of(draw: Any, width: int) -> str:
