@@ -4,7 +4,8 @@ reservation with backfill so big gangs do not starve.
 For each pending job in fair-share order (:func:`scheduler.core.fairshare.queue_order`), ties broken by
 transfer cost (:func:`break_ties_by_cost`: among jobs whose priorities differ by no more than the age
 term adds in ``tie_window_s`` plus what ``tie_fairshare`` of the fair-share factor is worth, the ones
-that can read their data locally go first, smallest first, then the others cheapest first):
+that can read their data locally go first, smallest first, then the others cheapest first; a job
+that can only start by staging is ordered as though its user's factor were ``stage_penalty`` lower):
 
 0. **Starvation bound**: the job pending longest, once it has been pending ``max_wait_s``, is taken
    first (:func:`starving_first`), ahead of that order.
@@ -98,6 +99,10 @@ def break_ties_by_cost(
 ) -> list[JobView]:
     """The queue order with ties broken by where jobs read and what they ask for.
 
+    First, with ``stage_penalty``, a job whose every stage-1 candidate costs more than
+    ``locality_threshold_ms`` (it can only start by staging data) is ordered as though its priority
+    were ``fairshare_weight * stage_penalty`` lower (as though its user's fair-share factor were that
+    much lower); jobs without candidates are not moved.  Its priority itself is untouched.  Then:
     Jobs tie when their priorities differ by at most ``tol = age_weight * tie_window_s / age_max_s +
     fairshare_weight * tie_fairshare`` (what the age term adds in ``tie_window_s``, and what a
     difference of ``tie_fairshare`` in the fair-share factor is worth): the priority order is cut into groups, each starting
@@ -110,7 +115,8 @@ def break_ties_by_cost(
     Equal keys keep the priority order.  Among jobs that each cost nothing to place, the smallest
     first lowers the mean wait (the shortest-job-first rule, bounded here by the tie); a job that
     must stage goes by cost, so the devices it takes are where it stages least.  So a job can only
-    be passed by jobs at most ``tol`` below it: the same
+    be passed by jobs at most ``tol`` below it (``tol + fairshare_weight * stage_penalty`` when it must
+    stage and they need not): the same
     user's jobs that became pending at most ``tie_window_s`` after it (and, with ``tie_fairshare``,
     older ones), or jobs of users whose fair-share factor is at most ``tol / fairshare_weight`` below.
     Jobs others were preempted for (``JobView.preempting``, first in the queue order) stay first and
@@ -120,20 +126,31 @@ def break_ties_by_cost(
     """
     tol = (cfg.age_weight * cfg.tie_window_s / cfg.age_max_s if cfg.age_max_s > 0 else 0.0) + (
         cfg.fairshare_weight * max(0.0, cfg.tie_fairshare))
+    penalty = cfg.fairshare_weight * max(0.0, cfg.stage_penalty)
     first = [j for j in ordered if j.preempting]  # queue_order put them first: nobody passes them
     if first:
         return first + break_ties_by_cost([j for j in ordered if not j.preempting], prios, candidates, cfg)
-    if tol <= 0 or len(ordered) < 2:
+    if (tol <= 0 and penalty <= 0) or len(ordered) < 2:
         return list(ordered)
 
     local_ms = cfg.locality_threshold_ms
     smallest = cfg.tie_shortest_first
+    cheapest: dict[int, float] = {}  # job -> its cheapest candidate's cost; absent: no candidate
+    for job in ordered:
+        cs = candidates.get(job.id)
+        if cs:
+            cheapest[job.id] = min(map(_transfer_cost, cs))
+    if penalty > 0:
+        prios = {job.id: prios[job.id] - penalty if cheapest.get(job.id, 0.0) > local_ms else prios[job.id]
+                 for job in ordered}
+        ordered = sorted(ordered, key=lambda job: -prios[job.id])  # stable: the given order among equals
+    if tol <= 0:
+        return list(ordered)
 
     def key(job: JobView) -> tuple[int, float]:
-        cs = candidates.get(job.id)
-        if not cs:
+        cost = cheapest.get(job.id)
+        if cost is None:
             return (0, 0.0)  # fits nowhere now: keeps its place at the head of its group
-        cost = min(map(_transfer_cost, cs))
         if smallest and cost <= local_ms:
             return (1, job_size(job))
         return (2, cost)

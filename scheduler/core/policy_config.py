@@ -47,6 +47,16 @@ class PolicyConfig:
     # 1.5 and 2.5; no cell more than 0.3 % longer), bytes moved -3.3 %, local reads +0.008, Jain
     # +0.001; within tolerance of the best baseline 48 -> 50 cells on mean JCT.
     tie_shortest_first: bool = True
+    # twostage: a pending job that can only start by staging data (no stage-1 candidate within
+    # locality_threshold_ms) is ordered as though its user's fair-share factor were stage_penalty
+    # lower, so jobs that read locally within that much of its priority (and the tie above) take
+    # a device that frees up first; its own priority (explain, the reservation, the starvation bound)
+    # is untouched.  flow's trade of staging cost against priority, as a bounded band; 0: off.  Over
+    # the quality grid (benchmarks/RESULTS.md, "Staging penalty"), default row within tolerance of the
+    # best baseline, mean JCT / p95 / Jain / local / bytes: 50 / 38 / 29 / 37 / 33 at 0 -> 50 / 39 /
+    # 28 / 46 / 42 at 0.2, 50 / 37 / 28 / 49 / 48 at 0.3, 50 / 39 / 25 / 49 / 48 at 0.5; at 0.3 bytes
+    # -14.5 % and mean JCT -0.3 % (geometric means), Jain -0.006 on average (itp_5000 -0.060).
+    stage_penalty: float = 0.3
     # twostage: the reservation (devices held idle so the first gang that fits nowhere can start) is
     # taken only for a job that has been pending at least reserve_min_wait_s (Slurm's
     # bf_min_age_reserve); until then jobs behind it use every free device.  0 reserves at once.

@@ -52,6 +52,7 @@ class PolicyTable(_Table):
     tie_window_s: Seconds | None = None
     tie_fairshare: float | None = Field(None, ge=0, le=1)
     tie_shortest_first: bool | None = None
+    stage_penalty: float | None = Field(None, ge=0, le=1)
     reserve_min_wait_s: Seconds | None = None
     max_wait_s: Seconds | None = None
     cost_weight: float | None = Field(None, ge=0)

@@ -423,9 +423,9 @@ def test_ties_go_to_another_user_only_within_the_fair_share_band() -> None:
     # carol has used more: usage 10/50 = 0.2 for alice, 30/50 = 0.6 for carol, shares 1/3 each, so
     # factors 2 ** (-0.2 * 3) = 0.660 and 2 ** (-0.6 * 3) = 0.287: 0.373 apart, 373 priority points
     # at fairshare_weight 1000 (the age terms, 400 s and 100 s pending, differ by 0.05)
-    for band, order in ((0.0, [1, 2]), (0.3, [1, 2]), (0.4, [2, 1])):
+    for band, order in ((0.0, [1, 2]), (0.3, [1, 2]), (0.4, [2, 1])):  # the tie alone: no stage_penalty
         _, d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600,
-                                                                tie_fairshare=band))
+                                                                tie_fairshare=band, stage_penalty=0))
         assert round(d.factors[1], 3) == 0.660 and round(d.factors[2], 3) == 0.287
         # a band of 0.3 (300.1 points with the window's 0.1) is less than 373: carol never passes;
         # 0.4 (400.1 points) ties them, and carol's local job goes first
@@ -435,13 +435,37 @@ def test_ties_go_to_another_user_only_within_the_fair_share_band() -> None:
 
 def test_no_tie_beyond_the_window_or_with_the_window_off() -> None:
     for snap, cfg in (
-        (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600, tie_fairshare=0)),
-        (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0, tie_fairshare=0)),
+        (tie_snapshot(700), PolicyConfig(locality_wait_s=0, tie_window_s=600, tie_fairshare=0, stage_penalty=0)),
+        (tie_snapshot(300), PolicyConfig(locality_wait_s=0, tie_window_s=0, tie_fairshare=0, stage_penalty=0)),
     ):
         _, d = decided(snap, cfg)
         # strict priority order: job 1 takes a and stages e from b (320 ms)
         assert d.order == [1, 2]
         assert bound_nodes(d) == {1: {"a": 1}} and d.bindings[1].transfer_cost_ms == 320
+
+
+def test_a_job_that_must_stage_is_ordered_stage_penalty_of_the_factor_lower() -> None:
+    # tie_snapshot: alice's job 1 (factor 0.660) can only stage e from b (320 ms); carol's job 2
+    # (factor 0.287) reads d on a locally.  Priorities: 1000 x (0.65975 - 0.28717) = 372.6 points of
+    # factor and 100 x (400 - 100) / 604800 = 0.05 of age apart, 372.6 in all; the tie is 200.1
+    # (tie_fairshare 0.2 and the window's 0.1).
+    def run(penalty: float, band: float = 0.2):  # type: ignore[no-untyped-def]
+        return decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, tie_window_s=600,
+                                                                tie_fairshare=band, stage_penalty=penalty))[1]
+
+    for penalty in (0.0, 0.1):  # 372.6 - 0 / - 100 = 372.6 / 272.6 > 200.1: alice's job first, staging
+        d = run(penalty)
+        assert d.order == [1, 2] and bound_nodes(d) == {1: {"a": 1}} and d.bindings[1].transfer_cost_ms == 320
+    d = run(0.2)  # 372.6 - 200 = 172.6 <= 200.1: a tie, and carol's local job goes first
+    assert d.order == [2, 1] and bound_nodes(d) == {2: {"a": 1}} and d.bindings[2].transfer_cost_ms == 0
+    assert d.reasons[1].text().startswith("devices busy")
+    assert d.priorities[1] - d.priorities[2] == pytest.approx(372.6, abs=0.1)  # priorities untouched
+    d = run(0.4, band=0.0)  # 372.6 - 400 < 0: carol's job ahead by the penalty alone, with no band
+    assert d.order == [2, 1] and bound_nodes(d) == {2: {"a": 1}}
+    # the other way round nothing moves: the job that reads locally is not penalised
+    d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, stage_penalty=1.0,
+                                                         locality_threshold_ms=400))[1]
+    assert d.order == [1, 2]  # with a threshold of 400 ms job 1's 320 ms counts as local: no penalty
 
 
 def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> None:
@@ -690,14 +714,18 @@ def test_tied_jobs_that_read_locally_go_smallest_first_then_the_others_cheapest_
         .at(500)
         .build()
     )  # fmt: skip
-    _, d = decided(snap, NO_WAIT)
+    _, d = decided(snap, replace(NO_WAIT, stage_penalty=0))  # the tie alone
     assert round(d.factors[1], 3) == round(d.factors[2], 3) == 0.660 and round(d.factors[4], 3) == 0.287
     assert d.order == [2, 1, 3, 4]
     # bob's short job reads d on a; alice's long one takes c and stages d; no device is left for 3 or 4
     assert bound_nodes(d) == {2: {"a": 1}, 1: {"c": 1}}
     assert d.bindings[2].transfer_cost_ms == 0 and d.bindings[1].transfer_cost_ms > 0
     assert d.reasons[3].text().startswith("devices busy") and d.reasons[4].text().startswith("devices busy")
+    # with the default stage_penalty (0.3) job 3, which must stage, is ordered 300 points lower: 73
+    # above carol's job 4, within the tie, so carol's local job goes before it (no device for either)
+    _, d = decided(snap, NO_WAIT)
+    assert d.order == [2, 1, 4, 3] and bound_nodes(d) == {2: {"a": 1}, 1: {"c": 1}}
     # tie_shortest_first off: every tied job by transfer cost, equal costs by priority (1 before 2)
-    _, d = decided(snap, replace(NO_WAIT, tie_shortest_first=False))
+    _, d = decided(snap, replace(NO_WAIT, tie_shortest_first=False, stage_penalty=0))
     assert d.order == [1, 2, 3, 4]
     assert bound_nodes(d) == {1: {"a": 1}, 2: {"c": 1}}
