@@ -315,8 +315,9 @@ def explain(doc: dict[str, Any], console: Console | None = None) -> None:
         if lower:  # the arbiter moved jobs of a lower priority ahead of it
             c.print(Text(f"{lower} job{'s' if lower != 1 else ''} of a lower priority {'are' if lower != 1 else 'is'} "
                          "ahead of it: near-ties in priority ([policy] tie_window_s, tie_fairshare) go to the jobs "
-                         "that read locally, the smallest first, then the cheapest to place; a job pending past "
-                         "max_wait_s and one others were preempted for go first"))
+                         "that read locally, the smallest first, then the cheapest to place; a job that can only "
+                         "stage counts stage_penalty of the factor lower; a job pending past max_wait_s and one "
+                         "others were preempted for go first"))
     else:
         c.print(f"placed with {100 * (doc.get('local_fraction') or 0):.0f}% local reads, "
                 f"{human_bytes(doc.get('transfer_bytes'))} staged")

@@ -143,7 +143,8 @@ def own_jobs_ahead(order: list[int], snap: Snapshot) -> dict[int, tuple[int, int
 def lower_ahead(order: list[int], priorities: dict[int, float]) -> dict[int, int]:
     """Per job in ``order``: how many jobs ahead of it have a lower priority.  The arbiter's order is by
     priority but for the jobs it moves ahead: near-ties to the jobs that read locally, the smallest
-    first, then the cheapest to place (``tie_window_s``, ``tie_fairshare``), the job pending past
+    first, then the cheapest to place (``tie_window_s``, ``tie_fairshare``; a job that can only stage
+    ordered ``stage_penalty`` of the factor lower, ``policies.twostage.break_ties_by_cost``), the job pending past
     ``max_wait_s``, and jobs others were preempted for; ``gsched explain`` says so.  (A user's own jobs
     swapped by ``shortest_first`` take the priorities of their places, so they pass nobody here.)
     Counted with a Fenwick tree over the distinct priorities: O(n log n); none moved, O(n)."""

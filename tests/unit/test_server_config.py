@@ -39,6 +39,8 @@ def write(tmp_path: Path, text: str) -> Path:
     ("[policy]\nlocality_wiat_s = 3", ["policy.locality_wiat_s", "unknown key", "locality_wait_s"]),
     ('[policy]\ncandidates_per_job = "4"', ["policy.candidates_per_job", "integer"]),
     ("[policy]\nmin_runtime_backoff = 0.5", ["policy.min_runtime_backoff", "greater than or equal to 1"]),
+    ("[policy]\nstage_penalty = 1.5", ["policy.stage_penalty", "less than or equal to 1"]),
+    ("[policy]\nstage_penalty = -0.1", ["policy.stage_penalty", "greater than or equal to 0"]),
     ("[network]\nsame_rack_gbps = -1", ["network.same_rack_gbps", "greater than 0"]),
     ("[network]\nmoon_gbps = 1", ["network.moon_gbps", "unknown key", "same_rack_gbps"]),
     ('[users]\nalice = "lots"', ["users.alice", "number"]),
@@ -108,6 +110,11 @@ def test_peer_ca_must_be_a_pem_ca_file(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("GSCHED_PEER_CA", str(tmp_path / "missing.pem"))
     with pytest.raises(ConfigError, match="peer_ca: .*missing.pem is not a readable file"):
         load_settings(None)
+
+
+def test_stage_penalty_is_read_from_the_policy_table(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, "[policy]\npreempt = true")).policy.stage_penalty == 0.3
+    assert load_settings(write(tmp_path, "[policy]\nstage_penalty = 0")).policy.stage_penalty == 0.0
 
 
 def test_min_runtime_backoff_is_read_from_the_policy_table(tmp_path: Path) -> None:
