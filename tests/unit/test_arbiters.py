@@ -466,6 +466,9 @@ def test_a_job_that_must_stage_is_ordered_stage_penalty_of_the_factor_lower() ->
     d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, stage_penalty=1.0,
                                                          locality_threshold_ms=400))[1]
     assert d.order == [1, 2]  # with a threshold of 400 ms job 1's 320 ms counts as local: no penalty
+    # the starvation bound comes after the penalty: job 1, pending 400 s >= max_wait_s, goes first
+    d = decided(tie_snapshot(300, "carol"), PolicyConfig(locality_wait_s=0, stage_penalty=1.0, max_wait_s=350))[1]
+    assert d.order == [1, 2] and bound_nodes(d) == {1: {"a": 1}}
 
 
 def test_a_tied_gang_that_fits_nowhere_keeps_its_place_and_its_reservation() -> None:
