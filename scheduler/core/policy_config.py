@@ -52,7 +52,7 @@ class PolicyConfig:
     # lower, so jobs that read locally within that much of its priority (and the tie above) take
     # a device that frees up first; its own priority (explain, the reservation, the starvation bound)
     # is untouched.  flow's trade of staging cost against priority, as a bounded band; 0: off.  Over
-    # the quality grid (benchmarks/RESULTS.md, "Staging penalty"), default row within tolerance of the
+    # the quality grid (benchmarks/RESULTS.md, "The staging penalty"), default row within tolerance of the
     # best baseline, mean JCT / p95 / Jain / local / bytes: 50 / 38 / 29 / 37 / 33 at 0 -> 50 / 39 /
     # 28 / 46 / 42 at 0.2, 50 / 37 / 28 / 49 / 48 at 0.3, 50 / 39 / 25 / 49 / 48 at 0.5; at 0.3 bytes
     # -14.5 % and mean JCT -0.3 % (geometric means), Jain -0.006 on average (itp_5000 -0.060).
