@@ -48,8 +48,11 @@ user holds afterwards is bounded: by their part, or by the victim's share of wha
 
 Victims are taken in the order: least work lost since their last checkpoint first (in steps of
 ``[policy] preempt_equal_loss_s``), then among equals those whose nodes hold most of the preemptor's
-data, then job id; only until the preemptor fits, and none that turns out unneeded.  A job that would
-not fit even with every eligible victim preempts nobody (:class:`Plan` says why, for ``explain``).
+data, then job id; only until the preemptor fits, and none that turns out unneeded.  For its first
+``[policy] preempt_data_wait_s`` of preempting (from ``preempt_after_s`` on) a job reading a data set
+takes victims only among the jobs on nodes holding a copy of it (:func:`near_data`): delay scheduling
+for the victims, as the locality wait is for free devices; past it, any.  A job that would not fit
+even with every eligible victim preempts nobody (:class:`Plan` says why, for ``explain``).
 
 No ping-pong: within a cycle no job is both preemptor and victim, and a victim's user by the part stays
 at or above their part, by the factor holds at least as much for their share as the preemptor's; across
@@ -200,6 +203,21 @@ def _data_nodes(snap: Snapshot) -> dict[str, set[str]]:
     return out
 
 
+def near_data(job: JobView, now_s: float, cfg: PolicyConfig, data_nodes: Mapping[str, set[str]]) -> set[str] | None:
+    """The nodes ``job`` may take victims on this cycle: those holding a copy of (a shard of) its data
+    set while it is within ``preempt_data_wait_s`` of the time it may first preempt (pending
+    ``preempt_after_s``); None (any node) past that, with the wait 0, or for a job without a data set or
+    whose data set no node holds.  A victim on them frees devices where the job reads locally; a
+    victim elsewhere makes it stage, as a job taking free devices elsewhere would (the locality
+    wait, ``policies.twostage``)."""
+    if cfg.preempt_data_wait_s <= 0 or job.dataset is None:
+        return None
+    nodes = data_nodes.get(job.dataset)
+    if not nodes or now_s - job.pending_since_s >= cfg.preempt_after_s + cfg.preempt_data_wait_s:
+        return None
+    return nodes
+
+
 class _VictimOrder:
     """The pool of jobs that may be preempted this cycle, in the order victims are taken for a job
     reading a data set: least work lost first (in steps of ``step``: equals within one), then most
@@ -247,6 +265,8 @@ WIDE = "wider than their users' fair part and within preempt_wide_window_s"
 UNFAIR = "would leave their users holding less for their share than {user} would"
 NOT_ENOUGH = "may be preempted, but not enough"
 TAKEN = "taken for jobs ahead of it this cycle"
+FAR = ("on nodes not holding {dataset} (within preempt_data_wait_s it preempts only jobs on the nodes that "
+       "hold its data)")
 EPS = 1e-9
 
 
@@ -430,9 +450,10 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     # until a job preempts (holdings and the pool change).  A job that starts in free devices leaves
     # fewer free: one that would not fit even with every victim it may take still would not (the
     # victims it may take do not depend on the free devices), but one that fit with victims the
-    # held-share rule refused might now not fit at all, so those answers go.
-    failed: dict[tuple[str, int, int, str | None], str] = {}
-    refused_shapes: set[tuple[str, int, int, str | None]] = set()
+    # held-share rule refused might now not fit at all, so those answers go.  (The shape: user, ranks,
+    # devices per rank, data set, and whether it takes victims only on its data's nodes yet.)
+    failed: dict[tuple[str, int, int, str | None, bool], str] = {}
+    refused_shapes: set[tuple[str, int, int, str | None, bool]] = set()
     out: list[Preemption] = []
     nobody: dict[int, str] = {}
     for job in ordered:
@@ -454,7 +475,8 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
                 failed.pop(shape, None)
             refused_shapes.clear()
             continue
-        shape = (job.user, job.ranks, job.devices_per_rank, job.dataset)
+        near = near_data(job, snap.now_s, cfg, order.data_nodes)
+        shape = (job.user, job.ranks, job.devices_per_rank, job.dataset, near is not None)
         if shape in failed:
             if explain:
                 nobody[job.id] = failed[shape]
@@ -475,7 +497,10 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             for why, kept in none.items():
                 counts[why] += kept
             may_lose = []
-        candidates = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
+        candidates: Iterator[RunningView] = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
+        far = [0]  # jobs passed over for running away from the data's nodes (counted for explain)
+        if near is not None:
+            candidates = _on_nodes(near, candidates, far)
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
         via_part: set[int] = set()  # victims taken by the part (the others by the factor)
@@ -494,6 +519,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             left[r.user] -= d
             trial.move(r, 1)
         if not trial.fits():
+            counts[FAR] = far[0]
             failed[shape] = _short_of_victims(job, len(snap.running) - running_by_user[job.user], refused, counts,
                                               len(chosen)) if explain else ""
             if explain:
@@ -536,16 +562,27 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     return Plan(out, nobody)
 
 
+def _on_nodes(nodes: set[str], rs: Iterator[RunningView], far: list[int]) -> Iterator[RunningView]:
+    """The jobs of ``rs`` with devices on ``nodes``; ``far[0]`` counts the others passed over."""
+    for r in rs:
+        if any(n in nodes for n, _ in r.devices_by_node):
+            yield r
+        else:
+            far[0] += 1
+
+
 def _short_of_victims(job: JobView, others: int, refused: Mapping[str, Mapping[str, int]],
                       counts: Mapping[str, int], usable: int) -> str:
     """Why ``job`` would not fit even with every job it may preempt: the ``others`` running jobs of
     other users counted by the rule that keeps each (``refused``: by user, as the cycle began;
-    ``counts``: kept for this job by its users' shares; ``usable``: those it could take)."""
+    ``counts``: kept for this job by its users' shares or, within ``preempt_data_wait_s``, for running
+    away from its data's nodes; ``usable``: those it could take)."""
     words = {why: sum(whys.get(why, 0) for user, whys in refused.items() if user != job.user)
              for why in _WHY_NOT_ORDER}
     words[NOT_OVER] = counts[NOT_OVER]
     words[UNFAIR.format(user=job.user)] = counts[UNFAIR]
     words[WIDE] = counts[WIDE]
+    words[FAR.format(dataset=job.dataset)] = counts.get(FAR, 0)
     words[NOT_ENOUGH] = usable
     words[TAKEN] = others - sum(words.values())
     if others == 0:

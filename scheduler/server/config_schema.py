@@ -64,6 +64,7 @@ class PolicyTable(_Table):
     preempt_max_per_hour: int | None = Field(None, ge=0, le=1000)
     preempt_locality_wait_s: Seconds | None = None
     preempt_equal_loss_s: Seconds | None = None
+    preempt_data_wait_s: Seconds | None = None
     preempt_wide_window_s: Seconds | None = None
 
 

@@ -105,16 +105,51 @@ def test_among_equals_the_victim_on_the_preemptors_data() -> None:
 def test_preempt_equal_loss_s_sets_which_victims_are_equals() -> None:
     # job 1 lost 100 s on n1, job 2 lost 500 s on n2, which holds bob's data.  In steps of 300 s (the
     # default) or 60 s they differ (0 vs 1, 1 vs 8): job 1 goes.  In steps of 600 s both are in the
-    # first: equals, and job 2 goes for the data.  0: the least lost work, exactly.
+    # first: equals, and job 2 goes for the data.  0: the least lost work, exactly.  (bob has waited
+    # 1,000 s: past preempt_after_s + preempt_data_wait_s, so a victim off his data's nodes may go.)
     assert ON.preempt_equal_loss_s == 300
     snap = (cluster().node("n1", free=0).node("n2", free=0).holds("imgs", [0, 1]).usage(alice=1000).at(NOW)
             .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
             .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 500)
-            .pending(bobs_job(dataset="imgs")).build())
+            .pending(bobs_job(dataset="imgs", waited_s=1000)).build())
     assert plan_preemptions(snap, ON)[0].victims == (1,)
     assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=60))[0].victims == (1,)
     assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=600))[0].victims == (2,)
     assert plan_preemptions(snap, replace(ON, preempt_equal_loss_s=0))[0].victims == (1,)
+
+
+def test_within_preempt_data_wait_s_victims_only_on_the_nodes_holding_the_data() -> None:
+    # job 1 lost 100 s on n1, job 2 lost 500 s on n2, which holds bob's data: different steps of 300 s,
+    # so by lost work job 1 would go.  bob may preempt once pending 300 s; for the 600 s after (the
+    # default preempt_data_wait_s) he takes victims only on n2: at 400 s and 899 s job 2 goes, at 900 s
+    # job 1.  With the wait 0, or for a job without a data set, job 1 at once.
+    assert (ON.preempt_after_s, ON.preempt_data_wait_s) == (300, 600)
+    b = (cluster().node("n1", free=0).node("n2", free=0).holds("imgs", [0, 1]).node("n3", free=0)
+         .usage(alice=1000).at(NOW)
+         .running(1, "alice", {"n1": 4}, 1e9, started_s=0, checkpoint_s=NOW - 100)
+         .running(2, "alice", {"n2": 4}, 1e9, started_s=0, checkpoint_s=NOW - 500))
+
+    def snap(waited_s: float = 400, dataset: str | None = "imgs") -> Snapshot:
+        b._pending = [bobs_job(dataset=dataset, waited_s=waited_s)]
+        return b.build()
+
+    for waited, victim in ((400, 2), (899, 2), (900, 1)):
+        [p] = plan_preemptions(snap(waited), ON)
+        assert p.victims == (victim,), waited
+    assert plan_preemptions(snap(), replace(ON, preempt_data_wait_s=0))[0].victims == (1,)
+    assert plan_preemptions(snap(dataset=None), ON)[0].victims == (1,)
+    # a data set no node holds: no node to wait for, any victim at once
+    assert plan_preemptions(snap(dataset="other"), ON)[0].victims == (1,)
+    # job 2 not a victim (too young): within the wait nobody, and explain says why, counted; job 3 on
+    # n3 (not holding imgs) is counted with job 1 as off the data's nodes
+    b._running[1] = replace(b._running[1], started_s=NOW - 60)
+    b.running(3, "alice", {"n3": 4}, 1e9, started_s=0, checkpoint_s=NOW - 200)
+    plan = preemption_plan(snap(), ON)
+    assert plan.preemptions == []
+    assert plan.nobody[10] == ("it would not fit even with every job it may preempt; the 3 running job(s) of other "
+                               "users: ran less than min_runtime_s: 1; on nodes not holding imgs (within "
+                               "preempt_data_wait_s it preempts only jobs on the nodes that hold its data): 2")
+    assert plan_preemptions(snap(900), ON)[0].victims == (1,)
 
 
 def test_nobody_is_preempted_for_a_job_that_would_not_fit_anyway() -> None:

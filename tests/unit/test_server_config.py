@@ -62,6 +62,7 @@ def test_a_bad_file_is_refused_naming_the_key(tmp_path: Path, text: str, words: 
     ('[policy]\nlocality_wait_s = "0:30"', "policy.locality_wait_s", 30.0),  # MM:SS
     ('[policy]\npreempt_locality_wait_s = "45m"', "policy.preempt_locality_wait_s", 2700.0),
     ('[policy]\npreempt_equal_loss_s = "10m"', "policy.preempt_equal_loss_s", 600.0),
+    ('[policy]\npreempt_data_wait_s = "20m"', "policy.preempt_data_wait_s", 1200.0),
     ('[policy]\npreempt_wide_window_s = "1d"', "policy.preempt_wide_window_s", 86400.0),
 ])
 def test_durations_take_the_one_grammar(tmp_path: Path, text: str, key: str, seconds: float) -> None:
