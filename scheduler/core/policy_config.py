@@ -112,11 +112,12 @@ class PolicyConfig:
     # For this long after a job may first preempt (pending preempt_after_s), it takes victims only among
     # the jobs on nodes holding a copy of its data set (policies.preemption.near_data); past it, any:
     # delay scheduling for victims, as preempt_locality_wait_s is for free devices.  0: any at once.
-    # 10 minutes: over the quality grid the preemption row's bytes moved -6.2 % (geometric mean), local
-    # reads +0.011, mean JCT, p95 and Jain within 1 %; within tolerance of the best baseline, mean JCT /
-    # p95 / Jain / local / bytes 47 / 38 / 50 / 46 / 25 -> 50 / 38 / 50 / 48 / 29; at seeds 3-5
-    # (benchmarks.quality_heldout) bytes -5.8 %, local +0.008.  5 / 30 minutes: bytes -6.0 / -6.9 %,
-    # mean JCT +0.2 / +0.9 %, Jain -0.001 / -0.003 (benchmarks/RESULTS.md, "Victims on the data's nodes").
+    # 10 minutes: over the quality grid (2026-12-08 02:41) the preemption row's bytes moved -5.7 %
+    # (geometric mean), local reads +0.010, mean JCT +0.1 %, p95 -0.5 %, Jain -0.001; within tolerance
+    # of the best baseline, mean JCT / p95 / Jain / local / bytes 47 / 38 / 50 / 46 / 25 -> 49 / 38 /
+    # 50 / 48 / 29, issue 22's cells 23 -> 24 of 26; at seeds 3-5 (benchmarks.quality_heldout) bytes
+    # -5.8 %, local +0.008.  5 / 30 minutes (replays): bytes -6.0 / -6.9 %, mean JCT +0.2 / +0.9 %,
+    # Jain -0.001 / -0.003 (benchmarks/RESULTS.md, "Victims on the data's nodes").
     preempt_data_wait_s: float = 600.0
     # A wide job (more devices than its user's fair part of the devices now: the part rule can never
     # start it, and while it waits its user holds nothing) whose devices x time limit is at most that
