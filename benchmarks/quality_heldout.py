@@ -2,12 +2,14 @@
 
     python -m benchmarks.quality_heldout                       # seeds 3-5, node caches 0 and 200 GB
     python -m benchmarks.quality_heldout --seeds 6-8 --preempt stage_penalty=0.2 --out /tmp/h.json
+    python -m benchmarks.quality_heldout --seeds 1 --caches 0 --slices philly_5000,itp_5000 --preempt
 
 The grid (``benchmarks.quality``) runs seeds 0-2, and every ``[policy]`` default was chosen by
 looking at them; a seed draws another placement of the data sets' copies and another data set for
 each job on the same trace and cluster, so a default fitted to those three draws would lose ground
 on others.  This runs the grid's 500-job cells (``philly_500`` and ``itp_500`` at loads 0.7, 1.0, 1.5
-and 2.5) at other seeds, every baseline beside the default in the same run, and prints the grid's
+and 2.5; ``--slices`` names others of the grid's slices: the 5,000-job ones at load 2.5, 2-7 minutes
+a row each) at other seeds, every baseline beside the default in the same run, and prints the grid's
 summary line per metric (in how many cells the default is within tolerance of the cell's best
 baseline, and the worst cell).  ``--preempt`` adds the ``twostage+preempt`` row: its summary lines,
 and issue 22's line over the cells at load >= 1.5 (``benchmarks.quality_preempt``).  ``NAME=VALUE``
@@ -29,6 +31,7 @@ from benchmarks.quality import (
     LOADS_BY_SLICE,
     PREEMPT,
     SEEDS_BY_SLICE,
+    SLICES,
     Cell,
     Metrics,
     run_grid,
@@ -38,13 +41,25 @@ from benchmarks.quality import (
 from benchmarks.quality_preempt import parse_floats, parse_ints, summary
 from benchmarks.quality_row import knobs
 
-SLICES = ("philly_500.csv", "itp_500.csv")  # the 5,000-job slices run one seed of 6-7 minutes a row
+DEFAULT_SLICES = ("philly_500.csv", "itp_500.csv")  # by default: the 5,000-job slices take 2-7 minutes a row
 
 
-def cells(seeds: Sequence[int], caches: Sequence[float], limit: int | None = None) -> list[Cell]:
-    """The grid's 500-job cells (each slice at each of its loads) at ``seeds`` and ``caches``;
+def parse_slices(text: str) -> tuple[str, ...]:
+    """``philly_5000,itp_5000`` (``.csv`` optional): slices of the grid; another raises
+    ``argparse.ArgumentTypeError`` naming the grid's."""
+    names = tuple(t if t.endswith(".csv") else t + ".csv" for t in (t.strip() for t in text.split(",")) if t)
+    bad = [n for n in names if n not in SLICES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a list of the grid's slices "
+                                         f"({', '.join(s.removesuffix('.csv') for s in SLICES)})")
+    return tuple(dict.fromkeys(names))
+
+
+def cells(seeds: Sequence[int], caches: Sequence[float], limit: int | None = None,
+          slices: Sequence[str] = DEFAULT_SLICES) -> list[Cell]:
+    """The grid's cells of ``slices`` (each at each of its loads) at ``seeds`` and ``caches``;
     ``limit``: the first jobs of each slice only (tests)."""
-    return [Cell(s, load, seed, cache, limit) for s in SLICES for load in LOADS_BY_SLICE[s] for seed in seeds
+    return [Cell(s, load, seed, cache, limit) for s in slices for load in LOADS_BY_SLICE[s] for seed in seeds
             for cache in caches]
 
 
@@ -63,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("knobs", nargs="*", metavar="NAME=VALUE", help="[policy] knobs for the default's rows")
     p.add_argument("--seeds", type=parse_ints, default=[3, 4, 5], help="seeds (default 3-5; the grid runs 0-2)")
     p.add_argument("--caches", type=parse_floats, default=list(CACHES_GB), help="node caches in GB (default 0,200)")
+    p.add_argument("--slices", type=parse_slices, default=DEFAULT_SLICES,
+                   help="the grid's slices to run (default philly_500,itp_500)")
     p.add_argument("--preempt", action="store_true", help="add the twostage+preempt row and issue 22's line")
     p.add_argument("--limit", type=int, default=None, help="the first N jobs of each slice only (tests)")
     p.add_argument("--out", default=None, help="also write every figure here (JSON, as quality_grid.json)")
@@ -73,10 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(e))
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit {args.limit}: must be at least 1")
-    todo = cells(args.seeds, args.caches, args.limit)
-    grid_seeds = sorted({s for slice_ in SLICES for s in SEEDS_BY_SLICE[slice_]})
+    todo = cells(args.seeds, args.caches, args.limit, args.slices)
+    grid_seeds = sorted({s for slice_ in args.slices for s in SEEDS_BY_SLICE[slice_]})
     mine = ("twostage", PREEMPT) if args.preempt else ("twostage",)
-    print(f"{len(todo)} cells ({', '.join(s.removesuffix('.csv') for s in SLICES)}) at seeds "
+    print(f"{len(todo)} cells ({', '.join(s.removesuffix('.csv') for s in args.slices)}) at seeds "
           f"{', '.join(map(str, args.seeds))} (the grid runs {', '.join(map(str, grid_seeds))}); rows: "
           f"{', '.join(mine + BASELINES)}" + (f"; knobs for the default's rows: {' '.join(args.knobs)}"
                                                 if args.knobs else ""), flush=True)

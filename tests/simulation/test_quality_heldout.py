@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.quality import Cell, Metrics
-from benchmarks.quality_heldout import cells, main, report
+from benchmarks.quality_heldout import cells, main, parse_slices, report
 
 
 def test_the_cells_are_the_500_job_slices_at_each_load_seed_and_cache() -> None:
@@ -16,13 +16,21 @@ def test_the_cells_are_the_500_job_slices_at_each_load_seed_and_cache() -> None:
     assert Cell("itp_500.csv", 2.5, 4, 200.0) in got and all(c.limit is None for c in got)
     assert cells([7], [0.0], limit=40) == [Cell(s, load, 7, 0.0, 40) for s in ("philly_500.csv", "itp_500.csv")
                                            for load in (0.7, 1.0, 1.5, 2.5)]
+    # the 5,000-job slices run at their one load of the grid, 2.5
+    assert cells([1], [0.0], slices=parse_slices("philly_5000,itp_5000.csv")) == [
+        Cell("philly_5000.csv", 2.5, 1, 0.0), Cell("itp_5000.csv", 2.5, 1, 0.0)]
+    assert parse_slices("itp_500, itp_500") == ("itp_500.csv",)
 
 
 @pytest.mark.parametrize("args, says", [(["--seeds", "x"], "'x': not a list of seeds"),
                                         (["--caches", "0,big"], "'0,big': not a list of node caches"),
                                         (["stage_penalty=2"], "stage_penalty"),
                                         (["no_such_knob=1"], "no_such_knob"),
-                                        (["--limit", "0"], "--limit 0: must be at least 1")])
+                                        (["--limit", "0"], "--limit 0: must be at least 1"),
+                                        (["--slices", "philly_50000"], "'philly_50000': not a list of the grid's "
+                                                                       "slices (philly_500, itp_500, philly_5000, "
+                                                                       "itp_5000)"),
+                                        (["--slices", ","], "not a list of the grid's slices")])
 def test_a_malformed_argument_is_refused_before_any_simulation(args: list[str], says: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
