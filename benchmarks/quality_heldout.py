@@ -1,10 +1,10 @@
-"""Does the quality grid's verdict hold at seeds it never ran?  The 500-job cells at held-out seeds.
+"""Does the quality grid's verdict hold at seeds it never ran?  Its cells at held-out seeds.
 
     python -m benchmarks.quality_heldout                       # seeds 3-5, node caches 0 and 200 GB
     python -m benchmarks.quality_heldout --seeds 6-8 --preempt stage_penalty=0.2 --out /tmp/h.json
     python -m benchmarks.quality_heldout --seeds 1 --caches 0 --slices philly_5000,itp_5000 --preempt
 
-The grid (``benchmarks.quality``) runs seeds 0-2, and every ``[policy]`` default was chosen by
+The grid (``benchmarks.quality``) runs seeds 0-2 (the 5,000-job slices seed 0), and every ``[policy]`` default was chosen by
 looking at them; a seed draws another placement of the data sets' copies and another data set for
 each job on the same trace and cluster, so a default fitted to those three draws would lose ground
 on others.  This runs the grid's 500-job cells (``philly_500`` and ``itp_500`` at loads 0.7, 1.0, 1.5
