@@ -4,10 +4,10 @@
     python -m benchmarks.quality_heldout --seeds 6-8 --preempt stage_penalty=0.2 --out /tmp/h.json
     python -m benchmarks.quality_heldout --seeds 1 --caches 0 --slices philly_5000,itp_5000 --preempt
 
-The grid (``benchmarks.quality``) runs seeds 0-2 (the 5,000-job slices seed 0), and every ``[policy]`` default was chosen by
-looking at them; a seed draws another placement of the data sets' copies and another data set for
-each job on the same trace and cluster, so a default fitted to those three draws would lose ground
-on others.  This runs the grid's 500-job cells (``philly_500`` and ``itp_500`` at loads 0.7, 1.0, 1.5
+The grid (``benchmarks.quality``) runs seeds 0-2 (the 5,000-job slices seed 0), and every
+``[policy]`` default was chosen by looking at them; a seed draws another placement of the data sets'
+copies and another data set for each job on the same trace and cluster, so a default fitted to those
+draws would lose ground on others.  This runs the grid's 500-job cells (``philly_500`` and ``itp_500`` at loads 0.7, 1.0, 1.5
 and 2.5; ``--slices`` names others of the grid's slices: the 5,000-job ones at load 2.5, 2-7 minutes
 a row each) at other seeds, every baseline beside the default in the same run, and prints the grid's
 summary line per metric (in how many cells the default is within tolerance of the cell's best
