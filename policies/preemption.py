@@ -203,19 +203,16 @@ def _data_nodes(snap: Snapshot) -> dict[str, set[str]]:
     return out
 
 
-def near_data(job: JobView, now_s: float, cfg: PolicyConfig, data_nodes: Mapping[str, set[str]]) -> set[str] | None:
-    """The nodes ``job`` may take victims on this cycle: those holding a copy of (a shard of) its data
-    set while it is within ``preempt_data_wait_s`` of the time it may first preempt (pending
-    ``preempt_after_s``); None (any node) past that, with the wait 0, or for a job without a data set or
-    whose data set no node holds.  A victim on them frees devices where the job reads locally; a
-    victim elsewhere makes it stage, as a job taking free devices elsewhere would (the locality
-    wait, ``policies.twostage``)."""
-    if cfg.preempt_data_wait_s <= 0 or job.dataset is None:
-        return None
-    nodes = data_nodes.get(job.dataset)
-    if not nodes or now_s - job.pending_since_s >= cfg.preempt_after_s + cfg.preempt_data_wait_s:
-        return None
-    return nodes
+def near_data(job: JobView, now_s: float, cfg: PolicyConfig, data_nodes: Mapping[str, set[str]]) -> bool:
+    """Whether ``job`` may take victims this cycle only on the nodes holding a copy of (a shard of) its
+    data set: while it is within ``preempt_data_wait_s`` of the time it may first preempt (pending
+    ``preempt_after_s``); not past that, with the wait 0, or for a job without a data set or whose data
+    set no node holds.  A victim there frees devices where the job reads locally; a victim elsewhere
+    makes it stage, as a job taking free devices elsewhere would (the locality wait,
+    ``policies.twostage``)."""
+    if cfg.preempt_data_wait_s <= 0 or job.dataset is None or not data_nodes.get(job.dataset):
+        return False
+    return now_s - job.pending_since_s < cfg.preempt_after_s + cfg.preempt_data_wait_s
 
 
 class _VictimOrder:
@@ -232,17 +229,26 @@ class _VictimOrder:
             for n, d in r.devices_by_node:
                 self.on_node[n].append((r.id, d))
         self.data_nodes = _data_nodes(snap)
+        self._on_data: dict[str | None, dict[int, int]] = {}
         self.by_user: dict[str | None, dict[str, list[tuple[int, RunningView]]]] = {}
+
+    def on_data(self, dataset: str | None) -> dict[int, int]:
+        """The pool's jobs with devices on the nodes holding ``dataset``, and how many there (worked
+        out once per data set)."""
+        out = self._on_data.get(dataset)
+        if out is None:
+            out = self._on_data[dataset] = defaultdict(int)
+            for n in self.data_nodes.get(dataset, ()) if dataset is not None else ():
+                for job_id, d in self.on_node.get(n, ()):
+                    out[job_id] += d
+        return out
 
     def of(self, dataset: str | None, users: list[str]) -> Iterator[RunningView]:
         """The jobs of ``users`` in the order for ``dataset``."""
         if not users:
             return iter(())
         if dataset not in self.by_user:
-            on_data: dict[int, int] = defaultdict(int)  # devices on the data's nodes, of the jobs with any
-            for n in self.data_nodes.get(dataset, ()) if dataset is not None else ():
-                for job_id, d in self.on_node.get(n, ()):
-                    on_data[job_id] += d
+            on_data = self.on_data(dataset)
             ordered = sorted(self.pool, key=lambda r: (self.loss[r.id], -on_data.get(r.id, 0), r.id))
             split: dict[str, list[tuple[int, RunningView]]] = defaultdict(list)
             for i, r in enumerate(ordered):
@@ -476,7 +482,7 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             refused_shapes.clear()
             continue
         near = near_data(job, snap.now_s, cfg, order.data_nodes)
-        shape = (job.user, job.ranks, job.devices_per_rank, job.dataset, near is not None)
+        shape = (job.user, job.ranks, job.devices_per_rank, job.dataset, near)
         if shape in failed:
             if explain:
                 nobody[job.id] = failed[shape]
@@ -499,8 +505,8 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
             may_lose = []
         candidates: Iterator[RunningView] = (r for r in order.of(job.dataset, may_lose) if r.id not in taken)
         far = [0]  # jobs passed over for running away from the data's nodes (counted for explain)
-        if near is not None:
-            candidates = _on_nodes(near, candidates, far)
+        if near:
+            candidates = _among(order.on_data(job.dataset), candidates, far)
         trial = _Trial(free, job)
         left = dict(held)  # what each user would hold with the victims chosen so far preempted
         via_part: set[int] = set()  # victims taken by the part (the others by the factor)
@@ -562,10 +568,11 @@ def preemption_plan(snap: Snapshot, cfg: PolicyConfig, explain: bool = True) -> 
     return Plan(out, nobody)
 
 
-def _on_nodes(nodes: set[str], rs: Iterator[RunningView], far: list[int]) -> Iterator[RunningView]:
-    """The jobs of ``rs`` with devices on ``nodes``; ``far[0]`` counts the others passed over."""
+def _among(jobs: Mapping[int, int], rs: Iterator[RunningView], far: list[int]) -> Iterator[RunningView]:
+    """The jobs of ``rs`` in ``jobs`` (:meth:`_VictimOrder.on_data`); ``far[0]`` counts the others
+    passed over."""
     for r in rs:
-        if any(n in nodes for n, _ in r.devices_by_node):
+        if r.id in jobs:
             yield r
         else:
             far[0] += 1
