@@ -35,9 +35,9 @@ that cell (:data:`TOLERANCES`), and the worst cell by name.  The full run also w
 ``quality_grid.json`` (every cell's figures per row: :func:`load_cells` reads it back, so a change to
 the default can be compared cell by cell without running the baselines again:
 ``python -m benchmarks.quality_row ROW NAME=VALUE ...`` replays one row with changed knobs and lists
-the verdicts that flipped).  ``python -m benchmarks.quality_heldout`` runs the 500-job cells at seeds
-the grid does not run (3-5 by default), every row, with the same summary lines: whether defaults
-chosen on seeds 0-2 hold on other draws.
+the verdicts that flipped).  ``python -m benchmarks.quality_heldout`` runs the 500-job cells (others
+with ``--slices``) at seeds the grid does not run (3-5 by default), every row, with the same summary
+lines: whether defaults chosen on seeds 0-2 hold on other draws.
 
 Preemption (``[policy] preempt``, off by default): every cell also runs ``twostage+preempt``
 (:data:`PREEMPT`: ``twostage`` with ``[policy] preempt`` on and its other defaults), a row of the table

@@ -7,9 +7,9 @@
 The grid (``benchmarks.quality``) runs seeds 0-2 (the 5,000-job slices seed 0), and every
 ``[policy]`` default was chosen by looking at them; a seed draws another placement of the data sets'
 copies and another data set for each job on the same trace and cluster, so a default fitted to those
-draws would lose ground on others.  This runs the grid's 500-job cells (``philly_500`` and ``itp_500`` at loads 0.7, 1.0, 1.5
-and 2.5; ``--slices`` names others of the grid's slices: the 5,000-job ones at load 2.5, 2-7 minutes
-a row each) at other seeds, every baseline beside the default in the same run, and prints the grid's
+draws would lose ground on others.  This runs the grid's 500-job cells (``philly_500`` and
+``itp_500`` at loads 0.7, 1.0, 1.5 and 2.5; ``--slices`` names others of the grid's slices: the
+5,000-job ones at load 2.5, 2-7 minutes a row each) at other seeds, every baseline beside the default in the same run, and prints the grid's
 summary line per metric (in how many cells the default is within tolerance of the cell's best
 baseline, and the worst cell).  ``--preempt`` adds the ``twostage+preempt`` row: its summary lines,
 and issue 22's line over the cells at load >= 1.5 (``benchmarks.quality_preempt``).  ``NAME=VALUE``
